@@ -1,0 +1,32 @@
+/*
+ * Selection of the important columns (DESIGN.md section 2, step 2).
+ */
+#ifndef ZENFLOW_TOPK_H_
+#define ZENFLOW_TOPK_H_
+
+#include "zenflow/zenflow.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * For every matrix i, the indices of the k_i largest scores, sorted ascending.
+ *
+ *   col_sq[i]       1-D [n_i] f32, contiguous: column scores (e.g. from zf_column_stats).
+ *   out_indices[i]  1-D [k_i] i32, contiguous; k_i = out_indices[i].shape[0], 0 <= k_i <= n_i.
+ *
+ * Contract: among equal scores the lower index wins (so the selected set is unique: the
+ * same on every run, thread count and rank); +Inf ranks above every finite score; a NaN
+ * score fails the call with ZF_ERROR_INVALID_VALUE before anything is written.
+ * For CUDA tensors, call with workspace == NULL to learn `*workspace_bytes`, then again.
+ */
+ZF_API zf_status zf_select_topk_columns(const zf_tensor* col_sq, const zf_tensor* out_indices,
+                                        size_t count, void* workspace, size_t* workspace_bytes,
+                                        zf_stream stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZENFLOW_TOPK_H_ */

@@ -1,0 +1,93 @@
+// Version, error text, dtype helpers and host threads: the C entry points that are not ops.
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/thread_pool.hpp"
+#include "zenflow/zenflow.h"
+
+namespace zf {
+namespace {
+thread_local std::string last_error_text;
+}
+void set_last_error(const std::string& message) { last_error_text = message; }
+void clear_last_error() { last_error_text.clear(); }
+}  // namespace zf
+
+extern "C" {
+
+ZF_API const char* zf_version(void) { return ZENFLOW_VERSION_STRING; }
+
+ZF_API const char* zf_last_error(void) { return zf::last_error_text.c_str(); }
+
+ZF_API const char* zf_status_string(zf_status status) {
+  switch (status) {
+    case ZF_SUCCESS:
+      return "success";
+    case ZF_ERROR_INVALID_VALUE:
+      return "invalid value";
+    case ZF_ERROR_INVALID_TYPE:
+      return "invalid type";
+    case ZF_ERROR_NOT_SUPPORTED:
+      return "not supported";
+    case ZF_ERROR_CUDA:
+      return "CUDA error";
+    case ZF_ERROR_OUT_OF_MEMORY:
+      return "out of memory";
+    case ZF_ERROR_INTERNAL:
+      return "internal error";
+  }
+  return "unknown status";
+}
+
+ZF_API const char* zf_dtype_name(zf_dtype dtype) {
+  switch (dtype) {
+    case ZF_DTYPE_F32:
+      return "f32";
+    case ZF_DTYPE_F16:
+      return "f16";
+    case ZF_DTYPE_BF16:
+      return "bf16";
+    case ZF_DTYPE_I32:
+      return "i32";
+    case ZF_DTYPE_I64:
+      return "i64";
+  }
+  return "unknown";
+}
+
+ZF_API size_t zf_dtype_size(zf_dtype dtype) {
+  switch (dtype) {
+    case ZF_DTYPE_F32:
+    case ZF_DTYPE_I32:
+      return 4;
+    case ZF_DTYPE_F16:
+    case ZF_DTYPE_BF16:
+      return 2;
+    case ZF_DTYPE_I64:
+      return 8;
+  }
+  return 0;
+}
+
+ZF_API int zf_get_num_threads(void) { return zf::global_thread_pool().size(); }
+
+ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores) {
+  return zf::api_call([&] {
+    zf::require(num_threads >= 1 && num_threads <= 4096, ZF_ERROR_INVALID_VALUE, "num_threads: must be in [1, 4096], got ",
+                num_threads);
+    zf::require(num_cores >= 0 && (num_cores == 0 || cores != nullptr), ZF_ERROR_INVALID_VALUE,
+                "cores: NULL with num_cores=", num_cores);
+    std::vector<int> core_list;
+    for (int i = 0; i < num_cores; ++i) {
+      zf::require(cores[i] >= 0 && cores[i] < 65536, ZF_ERROR_INVALID_VALUE, "cores[", i, "]: invalid CPU id ",
+                  cores[i]);
+      core_list.push_back(cores[i]);
+    }
+    zf::resize_global_thread_pool(num_threads, std::move(core_list));
+  });
+}
+
+ZF_API int zf_host_cpu_count(void) { return zf::host_cpu_count(); }
+
+}  // extern "C"

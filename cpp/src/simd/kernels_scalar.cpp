@@ -1,0 +1,30 @@
+// Portable level: plain C++ that any x86-64 or aarch64 compiler vectorises at its baseline.
+#include "simd/kernels_impl.hpp"
+
+namespace {
+
+struct ScalarIsa {
+  static constexpr int64_t kLanes = 1;
+  using F32 = float;
+  using F64x = double;
+  static F32 load_f32(const float* p) { return *p; }
+  static F32 load_bf16(const uint16_t* p) { return zf::bf16_to_f32(*p); }
+  static F32 load_f16(const uint16_t* p) { return zf::f16_to_f32(*p); }
+  static F64x load_f64x(const double* p) { return *p; }
+  static void store_f64x(double* p, F64x v) { *p = v; }
+  static F64x add_square(F64x acc, F32 x) {
+    const double wide = x;
+    return acc + wide * wide;
+  }
+};
+
+}  // namespace
+
+namespace zf {
+namespace simd {
+const KernelTable* kernel_table_scalar() {
+  static const KernelTable table = make_kernel_table<ScalarIsa>(ZF_SIMD_SCALAR);
+  return &table;
+}
+}  // namespace simd
+}  // namespace zf

@@ -1,0 +1,34 @@
+"""Command line: `python -m zenflow info`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import info
+
+
+def _print_info() -> int:
+    facts = info()
+    archs = facts["cuda_architectures"] or "-"
+    gpus = ", ".join(facts["gpus"]) if facts["gpus"] else "none visible"
+    print(f"zenflow {facts['version']} (libzenflow {facts['library_version']})")
+    print(f"  SIMD level:      {facts['simd_level']} (CPU supports up to {facts['simd_supported']})")
+    print(f"  CUDA compiled:   {'yes' if facts['cuda_compiled'] else 'no'} (architectures: {archs})")
+    print(f"  GPUs:            {gpus}")
+    print(f"  host threads:    {facts['host_threads']} of {facts['host_cpus']} CPUs")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zenflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="version, SIMD level, CUDA build and GPUs, host threads")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        return _print_info()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

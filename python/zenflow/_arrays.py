@@ -1,0 +1,75 @@
+"""Array-family helpers: zenflow takes torch tensors, numpy arrays and cupy arrays, and
+returns results of the same family, on the same device, as its inputs."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Sequence
+
+_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64")
+
+
+def family(x: Any) -> str:
+    module = type(x).__module__.split(".")[0]
+    if module in ("torch", "numpy", "cupy"):
+        return module
+    raise TypeError(
+        f"expected a torch tensor, numpy array or cupy array, got {type(x).__name__}"
+    )
+
+
+def is_cuda(x: Any) -> bool:
+    kind = family(x)
+    if kind == "torch":
+        return x.is_cuda
+    return kind == "cupy"
+
+
+def prepare(x: Any) -> Any:
+    """What crosses into the native layer: torch tensors that require grad refuse to
+    export through DLPack, so they travel detached (same memory)."""
+    if family(x) == "torch" and x.requires_grad:
+        return x.detach()
+    return x
+
+
+def empty(like: Any, shape: Sequence[int], dtype: str) -> Any:
+    """An uninitialised array of `like`'s family and device."""
+    assert dtype in _DTYPES, dtype
+    kind = family(like)
+    if kind == "torch":
+        torch = importlib.import_module("torch")
+        return torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
+    if kind == "cupy":
+        cupy = importlib.import_module("cupy")
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(tuple(shape), dtype=dtype)
+    numpy = importlib.import_module("numpy")
+    if dtype == "bfloat16":
+        raise TypeError("numpy has no bfloat16: pass torch tensors for bf16")
+    return numpy.empty(tuple(shape), dtype=dtype)
+
+
+def current_stream(like: Any, stream: int | None) -> int:
+    """The CUDA stream handle to run on: the caller's, else the framework's current one;
+    0 for CPU arrays."""
+    if not is_cuda(like):
+        return 0
+    if stream is not None:
+        return int(stream)
+    if family(like) == "torch":
+        torch = importlib.import_module("torch")
+        return torch.cuda.current_stream(like.device).cuda_stream
+    cupy = importlib.import_module("cupy")
+    return cupy.cuda.get_current_stream().ptr
+
+
+def workspace(like: Any, nbytes: int) -> Any:
+    """Scratch memory for the query-then-run protocol, from the framework's allocator."""
+    if nbytes == 0:
+        return None
+    return empty(like, ((nbytes + 7) // 8,), "int64")
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)

@@ -1,0 +1,9 @@
+// One registration function per op family; module.cpp calls them all.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace zf_py {
+void register_norms(pybind11::module_& m);
+void register_topk(pybind11::module_& m);
+}  // namespace zf_py

@@ -1,0 +1,61 @@
+"""Thin setuptools driver: CMake builds libzenflow and zenflow._C (CMakeLists.txt).
+
+Environment:
+  ZENFLOW_BUILD_DIR   CMake build directory (default: build-cmake/<python tag>); keeping it
+                      makes editable reinstalls incremental.
+  ZENFLOW_WITH_CUDA   AUTO (default) / 1 / 0.
+  ZENFLOW_CUDA_ARCHS  CUDA architectures, e.g. "90" (default "80-real;90").
+  ZENFLOW_BUILD_TYPE  CMake build type (default Release).
+"""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        import pybind11
+
+        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        tag = f"py{sys.version_info.major}{sys.version_info.minor}-{sysconfig.get_platform()}"
+        build_dir = Path(os.environ.get("ZENFLOW_BUILD_DIR", ROOT / "build-cmake" / tag))
+        build_dir.mkdir(parents=True, exist_ok=True)
+        config = [
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('ZENFLOW_BUILD_TYPE', 'Release')}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            "-DZENFLOW_BUILD_PYTHON=ON",
+            "-DZENFLOW_BUILD_TESTS=OFF",
+        ]
+        subprocess.run(config, check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
+
+
+setup(
+    packages=["zenflow"],
+    package_dir={"": "python"},
+    ext_modules=[CMakeExtension("zenflow._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    zip_safe=False,
+)

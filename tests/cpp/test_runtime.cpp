@@ -1,0 +1,143 @@
+// Thread pool, SIMD dispatch, conversions and runtime queries.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "common/float_convert.hpp"
+#include "common/thread_pool.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+TEST(ThreadPool, RunsEveryIndexOnce) {
+  for (int threads : {1, 2, 4, 7}) {
+    zf::ThreadPool pool(threads);
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(threads));
+    for (int round = 0; round < 50; ++round) {
+      pool.run([&](int index, int count) {
+        ASSERT_EQ(count, threads);
+        hits[static_cast<size_t>(index)]++;
+      });
+    }
+    for (auto& h : hits) EXPECT_EQ(h.load(), 50);
+  }
+}
+
+TEST(ThreadPool, WorkerExceptionReachesCallerAndPoolStaysUsable) {
+  zf::ThreadPool pool(3);
+  EXPECT_THROW(pool.run([](int index, int) {
+    if (index == 2) throw std::runtime_error("worker 2 failed");
+  }),
+               std::runtime_error);
+  try {
+    pool.run([](int index, int) {
+      if (index >= 1) throw std::invalid_argument("worker " + std::to_string(index));
+    });
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "worker 1");  // the lowest failing index wins, deterministically
+  }
+  std::atomic<int> ran{0};
+  pool.run([&](int, int) { ran++; });
+  EXPECT_EQ(ran.load(), 3);
+}
+
+TEST(ThreadPool, PinnedPoolRuns) {
+  zf::ThreadPool pool(2, {0});
+  std::atomic<int> ran{0};
+  pool.run([&](int, int) { ran++; });
+  EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(ThreadPool, SplitRangeCoversEverythingOnce) {
+  for (int parts : {1, 2, 3, 8}) {
+    for (int64_t total : {0, 1, 7, 100, 1001}) {
+      int64_t expected_begin = 0;
+      for (int p = 0; p < parts; ++p) {
+        int64_t b, e;
+        zf::split_range(0, total, p, parts, &b, &e);
+        EXPECT_EQ(b, expected_begin);
+        EXPECT_LE(e - b, total / parts + 1);
+        expected_begin = e;
+      }
+      EXPECT_EQ(expected_begin, total);
+    }
+  }
+}
+
+TEST(Runtime, ThreadCountControl) {
+  const int before = zf_get_num_threads();
+  EXPECT_GE(before, 1);
+  {
+    zenflow::ScopedNumThreads pool(3);
+    EXPECT_EQ(zf_get_num_threads(), 3);
+  }
+  EXPECT_EQ(zf_get_num_threads(), before);
+  EXPECT_EQ(zf_set_num_threads(0, nullptr, 0), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("num_threads"), std::string::npos);
+  const int bad_core = -1;
+  EXPECT_EQ(zf_set_num_threads(2, &bad_core, 1), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_get_num_threads(), before);
+}
+
+TEST(Runtime, SimdLevelControl) {
+  EXPECT_LE(zf_simd_level_active(), zf_simd_level_supported());
+  for (zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel scoped(level);
+    EXPECT_EQ(zf_simd_level_active(), level);
+  }
+  if (zf_simd_level_supported() < ZF_SIMD_AVX512) {
+    EXPECT_EQ(zf_set_simd_level(ZF_SIMD_AVX512), ZF_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(zf_set_simd_level(static_cast<zf_simd_level>(9)), ZF_ERROR_INVALID_VALUE);
+}
+
+TEST(Runtime, CudaQueriesNeverFail) {
+  EXPECT_GE(zf_cuda_device_count(), 0);
+  char name[64];
+  if (zf_cuda_device_count() == 0) EXPECT_EQ(zf_cuda_device_name(0, name, sizeof(name)), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_cuda_compiled() != 0, std::strlen(zf_cuda_architectures()) > 0);
+}
+
+TEST(Runtime, ErrorTextIsPerThreadAndCleared) {
+  EXPECT_EQ(zf_set_num_threads(-5, nullptr, 0), ZF_ERROR_INVALID_VALUE);
+  std::string other_thread_text = "unset";
+  std::thread([&] { other_thread_text = zf_last_error(); }).join();
+  EXPECT_EQ(other_thread_text, "");
+  EXPECT_NE(std::string(zf_last_error()), "");
+  EXPECT_EQ(zf_set_simd_level(ZF_SIMD_SCALAR), ZF_SUCCESS);
+  EXPECT_EQ(std::string(zf_last_error()), "");
+  zf_set_simd_level(zf_simd_level_supported());
+}
+
+TEST(FloatConvert, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(zf::f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(zf::f32_to_bf16(zf::f32_from_bits(0x3f808000u)), 0x3f80);  // tie -> even
+  EXPECT_EQ(zf::f32_to_bf16(zf::f32_from_bits(0x3f818000u)), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(zf::f32_to_bf16(zf::f32_from_bits(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(zf::f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(zf::bf16_to_f32(zf::f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(zf::f32_to_bf16(zf::f32_from_bits(0x7f7fffffu)), 0x7f80);  // max float rounds to Inf
+}
+
+TEST(FloatConvert, F16RoundTripAndRounding) {
+  // Every finite half converts to float and back exactly.
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // NaN payloads
+    EXPECT_EQ(zf::f32_to_f16(zf::f16_to_f32(h)), h) << std::hex << bits;
+  }
+  EXPECT_EQ(zf::f32_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(zf::f32_to_f16(65520.0f), 0x7c00);  // halfway to the next binade: rounds to Inf
+  EXPECT_EQ(zf::f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00);  // tie -> even
+  EXPECT_EQ(zf::f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3c02);  // tie -> even (up)
+  EXPECT_EQ(zf::f32_to_f16(2.9802322e-8f), 0x0000);  // exactly half the smallest subnormal -> even (0)
+  EXPECT_EQ(zf::f32_to_f16(4.4703484e-8f), 0x0001);  // 0.75 of the smallest subnormal -> 1
+  EXPECT_EQ(zf::f16_to_f32(0x0001), 5.9604644775390625e-8f);
+}
+
+}  // namespace

@@ -1,0 +1,55 @@
+// Shared helpers for the C++ tests: inputs in every dtype, and descriptor builders.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/float_convert.hpp"
+#include "zenflow/zenflow.hpp"
+
+namespace zf_test {
+
+// Storage for a row-major matrix in one dtype plus the exact values it holds (as double).
+struct HostMatrix {
+  zf_dtype dtype;
+  int64_t rows, cols;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;  // bf16 or f16 bits
+  std::vector<double> values;  // what the stored elements are, exactly
+
+  void* data() { return dtype == ZF_DTYPE_F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(half.data()); }
+  zf_tensor tensor() { return zenflow::contiguous_tensor(data(), dtype, {rows, cols}); }
+
+  void set(int64_t i, float value) {
+    if (dtype == ZF_DTYPE_F32) {
+      f32[i] = value;
+      values[i] = value;
+    } else if (dtype == ZF_DTYPE_BF16) {
+      half[i] = zf::f32_to_bf16(value);
+      values[i] = zf::bf16_to_f32(half[i]);
+    } else {
+      half[i] = zf::f32_to_f16(value);
+      values[i] = zf::f16_to_f32(half[i]);
+    }
+  }
+};
+
+inline HostMatrix random_matrix(zf_dtype dtype, int64_t rows, int64_t cols, std::mt19937_64& rng,
+                                double scale = 1.0) {
+  HostMatrix m{dtype, rows, cols, {}, {}, {}};
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (dtype == ZF_DTYPE_F32) {
+    m.f32.resize(n);
+  } else {
+    m.half.resize(n);
+  }
+  m.values.resize(n);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(scale));
+  for (size_t i = 0; i < n; ++i) m.set(static_cast<int64_t>(i), normal(rng));
+  return m;
+}
+
+inline const char* dtype_label(zf_dtype dtype) { return zf_dtype_name(dtype); }
+
+}  // namespace zf_test
