@@ -18,6 +18,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+LIBRARY = "libzenflow.so"
 
 
 class CMakeExtension(Extension):
@@ -50,6 +51,22 @@ class CMakeBuild(build_ext):
         ]
         subprocess.run(config, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
+
+    # libzenflow.so sits next to _C (found through its $ORIGIN rpath). A wheel takes the whole
+    # build directory; the in-place (editable) copy must be told about the library.
+    def _library_path(self) -> Path:
+        return Path(self.get_ext_fullpath("zenflow._C")).resolve().parent / LIBRARY
+
+    def copy_extensions_to_source(self) -> None:
+        inplace, self.inplace = self.inplace, False
+        built = self._library_path()
+        self.inplace = inplace
+        super().copy_extensions_to_source()
+        package_dir = self.get_finalized_command("build_py").get_package_dir("zenflow")
+        self.copy_file(str(built), os.path.join(package_dir, LIBRARY), level=self.verbose)
+
+    def get_outputs(self) -> list:
+        return [*super().get_outputs(), str(self._library_path())]
 
 
 setup(

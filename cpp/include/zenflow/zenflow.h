@@ -128,7 +128,7 @@ ZF_API int zf_host_cpu_count(void);
 /* ---- CUDA ---- */
 /* 1 if libzenflow was compiled with CUDA kernels. */
 ZF_API int zf_cuda_compiled(void);
-/* Semicolon-separated CUDA architectures compiled in ("" without CUDA). */
+/* Comma-separated CUDA architectures compiled in ("" without CUDA). */
 ZF_API const char* zf_cuda_architectures(void);
 /* Number of usable CUDA devices; 0 without CUDA, without a driver, or on any error. */
 ZF_API int zf_cuda_device_count(void);
