@@ -11,8 +11,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cub/block/block_reduce.cuh>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 
 #include "zenflow/zenflow.h"
 
@@ -31,12 +31,12 @@ struct StatsMatrix {
   float* col_sq;
   int64_t rows;
   int32_t cols;
-  int32_t dtype;            // zf_dtype
-  int32_t chunks;           // ceil(rows / kStatsChunkRows), at least 1
-  int32_t column_blocks;    // ceil(cols / kStatsBlockColumns)
-  int64_t first_tile;       // global index of this matrix's first tile
-  int64_t first_block;      // global index of its first column block
-  int32_t vector_loads;     // data 16-byte aligned and cols a multiple of 8
+  int32_t dtype;          // zf_dtype
+  int32_t chunks;         // ceil(rows / kStatsChunkRows), at least 1
+  int32_t column_blocks;  // ceil(cols / kStatsBlockColumns)
+  int64_t first_tile;     // global index of this matrix's first tile
+  int64_t first_block;    // global index of its first column block
+  int32_t vector_loads;   // data 16-byte aligned and cols a multiple of 8
 };
 
 // Passed by value (graph-capturable, no upload); lists longer than one table are split
@@ -143,13 +143,14 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
 #pragma unroll
   for (int w = 0; w < kStatsWarps; ++w) column_sum += warp_sums[w][threadIdx.x];
   const int64_t global_block = mat.first_block + column_block;
-  float* partials = ws.chunk_partials + (mat.first_tile + static_cast<int64_t>(column_block) * mat.chunks) *
-                                            kStatsBlockColumns;
+  float* partials =
+      ws.chunk_partials + (mat.first_tile + static_cast<int64_t>(column_block) * mat.chunks) * kStatsBlockColumns;
   partials[static_cast<int64_t>(chunk) * kStatsBlockColumns + threadIdx.x] = static_cast<float>(column_sum);
 
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(ws.block_tickets + global_block, 1u) == static_cast<unsigned>(mat.chunks - 1);
+  if (threadIdx.x == 0)
+    is_last = atomicAdd(ws.block_tickets + global_block, 1u) == static_cast<unsigned>(mat.chunks - 1);
   __syncthreads();
   if (!is_last) return;
   __threadfence();
@@ -157,8 +158,7 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
   // Last chunk of this column block: fold the chunks in chunk order.
   double column_total = 0.0;
   for (int32_t c = 0; c < mat.chunks; ++c) {
-    column_total += static_cast<double>(
-        __ldcg(partials + static_cast<int64_t>(c) * kStatsBlockColumns + threadIdx.x));
+    column_total += static_cast<double>(__ldcg(partials + static_cast<int64_t>(c) * kStatsBlockColumns + threadIdx.x));
   }
   const int32_t column = column_block * kStatsBlockColumns + threadIdx.x;
   if (column < mat.cols) {
@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
   // Last column block overall: the global total, strided by thread then tree-reduced,
   // both in an order fixed by the number of column blocks.
   double strided = 0.0;
-  for (int64_t b = threadIdx.x; b < table.total_column_blocks; b += kStatsThreads) strided += __ldcg(ws.block_totals + b);
+  for (int64_t b = threadIdx.x; b < table.total_column_blocks; b += kStatsThreads)
+    strided += __ldcg(ws.block_totals + b);
   __syncthreads();  // reduce_storage is reused
   const double total = BlockReduce(reduce_storage).Sum(strided);
   if (threadIdx.x == 0) {

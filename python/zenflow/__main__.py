@@ -13,8 +13,10 @@ def _print_info() -> int:
     archs = facts["cuda_architectures"] or "-"
     gpus = ", ".join(facts["gpus"]) if facts["gpus"] else "none visible"
     print(f"zenflow {facts['version']} (libzenflow {facts['library_version']})")
-    print(f"  SIMD level:      {facts['simd_level']} (CPU supports up to {facts['simd_supported']})")
-    print(f"  CUDA compiled:   {'yes' if facts['cuda_compiled'] else 'no'} (architectures: {archs})")
+    simd = f"{facts['simd_level']} (CPU supports up to {facts['simd_supported']})"
+    cuda = "yes" if facts["cuda_compiled"] else "no"
+    print(f"  SIMD level:      {simd}")
+    print(f"  CUDA compiled:   {cuda} (architectures: {archs})")
     print(f"  GPUs:            {gpus}")
     print(f"  host threads:    {facts['host_threads']} of {facts['host_cpus']} CPUs")
     return 0

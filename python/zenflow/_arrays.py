@@ -4,7 +4,8 @@ returns results of the same family, on the same device, as its inputs."""
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64")
 
@@ -13,9 +14,7 @@ def family(x: Any) -> str:
     module = type(x).__module__.split(".")[0]
     if module in ("torch", "numpy", "cupy"):
         return module
-    raise TypeError(
-        f"expected a torch tensor, numpy array or cupy array, got {type(x).__name__}"
-    )
+    raise TypeError(f"expected a torch tensor, numpy array or cupy array, got {type(x).__name__}")
 
 
 def is_cuda(x: Any) -> bool:

@@ -6,7 +6,7 @@ import functools
 from types import ModuleType
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def native() -> ModuleType:
     from . import _C
 

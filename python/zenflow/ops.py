@@ -9,7 +9,8 @@ Bad input raises ValueError or TypeError naming the argument, and writes nothing
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from . import _arrays
 from ._native import native
@@ -56,7 +57,7 @@ def column_stats(
         raise ValueError("out_col_sq: required when accumulate=True")
     anchor = grads[0] if grads else (out_col_sq[0] if out_col_sq else None)
     if anchor is None:
-        raise ValueError("grads: empty list (nothing to compute and no array to take the device from)")
+        raise ValueError("grads: empty list (no array to take the device from)")
     if out_col_sq is None:
         out_col_sq = []
         for i, g in enumerate(grads):

@@ -52,8 +52,9 @@ void expect_matches_reference(const std::vector<HostMatrix>& matrices, const Sta
   EXPECT_EQ(stats.nonfinite, 0);
 }
 
-const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {1, 1}, {1, 4099}, {4099, 1}, {7, 13}, {31, 17}, {97, 256}, {257, 263}, {16, 1024}, {1000, 5}, {3, 0}, {0, 5}, {0, 0}};
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1},    {1, 4099}, {4099, 1},  {7, 13},
+                                                          {31, 17},  {97, 256}, {257, 263}, {16, 1024},
+                                                          {1000, 5}, {3, 0},    {0, 5},     {0, 0}};
 
 class ColumnStatsSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, zf_simd_level>> {};
 
@@ -145,15 +146,32 @@ TEST(ColumnStats, BadInputIsRejectedAndWritesNothing) {
     std::function<void(zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor&)> corrupt;
   };
   const std::vector<Case> cases = {
-      {"int dtype", ZF_ERROR_INVALID_TYPE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.dtype = ZF_DTYPE_I32; }},
-      {"1-D grad", ZF_ERROR_INVALID_VALUE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.ndim = 1; g.shape[0] = 24; g.strides[0] = 1; }},
-      {"transposed", ZF_ERROR_INVALID_VALUE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { std::swap(g.shape[0], g.shape[1]); g.strides[0] = 1; g.strides[1] = 6; }},
-      {"misaligned", ZF_ERROR_INVALID_VALUE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.data = static_cast<char*>(g.data) + 1; }},
-      {"wrong out length", ZF_ERROR_INVALID_VALUE, "out_col_sq[1]", [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.shape[0] = 5; }},
-      {"f16 out", ZF_ERROR_INVALID_TYPE, "out_col_sq[1]", [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.dtype = ZF_DTYPE_F16; }},
-      {"cuda out", ZF_ERROR_INVALID_TYPE, "out_col_sq[1]", [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.device = zenflow::cuda_device(0); }},
-      {"null data", ZF_ERROR_INVALID_VALUE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.data = nullptr; }},
-      {"negative size", ZF_ERROR_INVALID_VALUE, "grads[1]", [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.shape[0] = -4; }},
+      {"int dtype", ZF_ERROR_INVALID_TYPE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.dtype = ZF_DTYPE_I32; }},
+      {"1-D grad", ZF_ERROR_INVALID_VALUE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) {
+         g.ndim = 1;
+         g.shape[0] = 24;
+         g.strides[0] = 1;
+       }},
+      {"transposed", ZF_ERROR_INVALID_VALUE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) {
+         std::swap(g.shape[0], g.shape[1]);
+         g.strides[0] = 1;
+         g.strides[1] = 6;
+       }},
+      {"misaligned", ZF_ERROR_INVALID_VALUE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.data = static_cast<char*>(g.data) + 1; }},
+      {"wrong out length", ZF_ERROR_INVALID_VALUE, "out_col_sq[1]",
+       [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.shape[0] = 5; }},
+      {"f16 out", ZF_ERROR_INVALID_TYPE, "out_col_sq[1]",
+       [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.dtype = ZF_DTYPE_F16; }},
+      {"cuda out", ZF_ERROR_INVALID_TYPE, "out_col_sq[1]",
+       [](zf_tensor&, zf_tensor&, zf_tensor&, zf_tensor& o) { o.device = zenflow::cuda_device(0); }},
+      {"null data", ZF_ERROR_INVALID_VALUE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.data = nullptr; }},
+      {"negative size", ZF_ERROR_INVALID_VALUE, "grads[1]",
+       [](zf_tensor&, zf_tensor& g, zf_tensor&, zf_tensor&) { g.shape[0] = -4; }},
   };
   for (const Case& c : cases) {
     zf_tensor grads[2] = {good.tensor(), other.tensor()};

@@ -132,11 +132,11 @@ TEST(FloatConvert, F16RoundTripAndRounding) {
     EXPECT_EQ(zf::f32_to_f16(zf::f16_to_f32(h)), h) << std::hex << bits;
   }
   EXPECT_EQ(zf::f32_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(zf::f32_to_f16(65520.0f), 0x7c00);  // halfway to the next binade: rounds to Inf
+  EXPECT_EQ(zf::f32_to_f16(65520.0f), 0x7c00);               // halfway to the next binade: rounds to Inf
   EXPECT_EQ(zf::f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00);  // tie -> even
   EXPECT_EQ(zf::f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3c02);  // tie -> even (up)
-  EXPECT_EQ(zf::f32_to_f16(2.9802322e-8f), 0x0000);  // exactly half the smallest subnormal -> even (0)
-  EXPECT_EQ(zf::f32_to_f16(4.4703484e-8f), 0x0001);  // 0.75 of the smallest subnormal -> 1
+  EXPECT_EQ(zf::f32_to_f16(2.9802322e-8f), 0x0000);          // exactly half the smallest subnormal -> even (0)
+  EXPECT_EQ(zf::f32_to_f16(4.4703484e-8f), 0x0001);          // 0.75 of the smallest subnormal -> 1
   EXPECT_EQ(zf::f16_to_f32(0x0001), 5.9604644775390625e-8f);
 }
 

@@ -27,7 +27,8 @@ std::vector<std::vector<int32_t>> run_topk(std::vector<std::vector<float>>& scor
   std::vector<zf_tensor> in_t, out_t;
   for (size_t i = 0; i < scores.size(); ++i) {
     out[i].assign(static_cast<size_t>(ks[i]), -99);  // poison
-    in_t.push_back(zenflow::contiguous_tensor(scores[i].data(), ZF_DTYPE_F32, {static_cast<int64_t>(scores[i].size())}));
+    in_t.push_back(
+        zenflow::contiguous_tensor(scores[i].data(), ZF_DTYPE_F32, {static_cast<int64_t>(scores[i].size())}));
     out_t.push_back(zenflow::contiguous_tensor(out[i].data(), ZF_DTYPE_I32, {ks[i]}));
   }
   zenflow::select_topk_columns(in_t, out_t);
@@ -43,7 +44,7 @@ TEST(SelectTopk, MatchesReferenceOnRandomTiedAndInfiniteScores) {
       std::uniform_int_distribution<int> few(0, 3);
       std::exponential_distribution<float> exponential(1.0f);
       for (auto& s : scores) {
-        if (pattern == 0) s = exponential(rng);             // distinct
+        if (pattern == 0) s = exponential(rng);              // distinct
         if (pattern == 1) s = static_cast<float>(few(rng));  // heavy ties
         if (pattern == 2) s = 2.5f;                          // all equal
         if (pattern == 3) s = few(rng) == 0 ? inf : exponential(rng);

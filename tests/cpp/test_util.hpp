@@ -35,8 +35,7 @@ struct HostMatrix {
   }
 };
 
-inline HostMatrix random_matrix(zf_dtype dtype, int64_t rows, int64_t cols, std::mt19937_64& rng,
-                                double scale = 1.0) {
+inline HostMatrix random_matrix(zf_dtype dtype, int64_t rows, int64_t cols, std::mt19937_64& rng, double scale = 1.0) {
   HostMatrix m{dtype, rows, cols, {}, {}, {}};
   const size_t n = static_cast<size_t>(rows * cols);
   if (dtype == ZF_DTYPE_F32) {

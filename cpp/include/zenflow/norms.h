@@ -34,9 +34,8 @@ extern "C" {
  * CPU tensors need no workspace (the size is 0).
  */
 ZF_API zf_status zf_column_stats(const zf_tensor* grads, const zf_tensor* out_col_sq, size_t count,
-                                 const zf_tensor* total_sq, const zf_tensor* nonfinite,
-                                 uint32_t flags, void* workspace, size_t* workspace_bytes,
-                                 zf_stream stream);
+                                 const zf_tensor* total_sq, const zf_tensor* nonfinite, uint32_t flags, void* workspace,
+                                 size_t* workspace_bytes, zf_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -21,9 +21,8 @@ extern "C" {
  * score fails the call with ZF_ERROR_INVALID_VALUE before anything is written.
  * For CUDA tensors, call with workspace == NULL to learn `*workspace_bytes`, then again.
  */
-ZF_API zf_status zf_select_topk_columns(const zf_tensor* col_sq, const zf_tensor* out_indices,
-                                        size_t count, void* workspace, size_t* workspace_bytes,
-                                        zf_stream stream);
+ZF_API zf_status zf_select_topk_columns(const zf_tensor* col_sq, const zf_tensor* out_indices, size_t count,
+                                        void* workspace, size_t* workspace_bytes, zf_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

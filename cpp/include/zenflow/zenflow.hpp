@@ -73,7 +73,8 @@ inline size_t select_topk_workspace_bytes(const std::vector<zf_tensor>& scores,
 
 inline void select_topk_columns(const std::vector<zf_tensor>& scores, const std::vector<zf_tensor>& out_indices,
                                 void* workspace = nullptr, size_t workspace_bytes = 0, zf_stream stream = nullptr) {
-  if (scores.size() != out_indices.size()) throw Error(ZF_ERROR_INVALID_VALUE, "out_indices: length differs from scores");
+  if (scores.size() != out_indices.size())
+    throw Error(ZF_ERROR_INVALID_VALUE, "out_indices: length differs from scores");
   check(zf_select_topk_columns(scores.data(), out_indices.data(), scores.size(), workspace,
                                workspace ? &workspace_bytes : nullptr, stream));
 }

@@ -29,10 +29,10 @@ struct AdamHyperParams {
 
 // Everything the element update needs for one bias-correction step.
 struct AdamStepScalars {
-  float step_size;          // lr / (1 - beta1^step)
-  float inv_bc2_sqrt;       // 1 / sqrt(1 - beta2^step)
-  float decay_factor;       // 1 - lr * wd for AdamW, 1 for Adam
-  float l2;                 // wd for Adam (L2), 0 for AdamW
+  float step_size;     // lr / (1 - beta1^step)
+  float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^step)
+  float decay_factor;  // 1 - lr * wd for AdamW, 1 for Adam
+  float l2;            // wd for Adam (L2), 0 for AdamW
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;

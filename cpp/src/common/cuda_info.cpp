@@ -46,8 +46,8 @@ ZF_API zf_status zf_cuda_device_name(int index, char* buf, size_t buf_size) {
   return zf::api_call([&] {
     zf::require(buf != nullptr && buf_size > 0, ZF_ERROR_INVALID_VALUE, "buf: NULL or empty");
     const int count = zf_cuda_device_count();
-    zf::require(index >= 0 && index < count, ZF_ERROR_INVALID_VALUE, "index: ", index, " is not a CUDA device (",
-                count, " visible)");
+    zf::require(index >= 0 && index < count, ZF_ERROR_INVALID_VALUE, "index: ", index, " is not a CUDA device (", count,
+                " visible)");
 #if defined(ZENFLOW_WITH_CUDA)
     cudaDeviceProp properties;
     const cudaError_t error = cudaGetDeviceProperties(&properties, index);

@@ -55,9 +55,9 @@ ZF_HOST_DEVICE static inline uint16_t f32_to_f16(float value) {
   const uint32_t bits = f32_bits(value);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to Inf
-  if (magnitude >= 0x38800000u) {                                           // normal half
+  if (magnitude >= 0x38800000u) {                                              // normal half
     const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
     return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
   }

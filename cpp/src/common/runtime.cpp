@@ -74,8 +74,8 @@ ZF_API int zf_get_num_threads(void) { return zf::global_thread_pool().size(); }
 
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores) {
   return zf::api_call([&] {
-    zf::require(num_threads >= 1 && num_threads <= 4096, ZF_ERROR_INVALID_VALUE, "num_threads: must be in [1, 4096], got ",
-                num_threads);
+    zf::require(num_threads >= 1 && num_threads <= 4096, ZF_ERROR_INVALID_VALUE,
+                "num_threads: must be in [1, 4096], got ", num_threads);
     zf::require(num_cores >= 0 && (num_cores == 0 || cores != nullptr), ZF_ERROR_INVALID_VALUE,
                 "cores: NULL with num_cores=", num_cores);
     std::vector<int> core_list;

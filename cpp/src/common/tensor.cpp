@@ -4,9 +4,7 @@
 
 namespace zf {
 
-std::string arg_name(const char* name, size_t index) {
-  return std::string(name) + "[" + std::to_string(index) + "]";
-}
+std::string arg_name(const char* name, size_t index) { return std::string(name) + "[" + std::to_string(index) + "]"; }
 
 std::string describe_device(const zf_device& device) {
   if (device.type == ZF_DEVICE_CPU) return "cpu";
@@ -42,13 +40,12 @@ void check_descriptor(const zf_tensor* t, const std::string& name) {
   require(t != nullptr, ZF_ERROR_INVALID_VALUE, name, ": descriptor is NULL");
   require(zf_dtype_size(t->dtype) != 0, ZF_ERROR_INVALID_TYPE, name, ": unknown dtype code ",
           static_cast<int>(t->dtype));
-  require(t->device.type == ZF_DEVICE_CPU || t->device.type == ZF_DEVICE_CUDA, ZF_ERROR_INVALID_TYPE,
-          name, ": unsupported device type ", static_cast<int>(t->device.type));
-  require(t->ndim >= 0 && t->ndim <= ZF_MAX_DIMS, ZF_ERROR_INVALID_VALUE, name, ": ndim ", t->ndim,
-          " is outside [0, ", ZF_MAX_DIMS, "]");
+  require(t->device.type == ZF_DEVICE_CPU || t->device.type == ZF_DEVICE_CUDA, ZF_ERROR_INVALID_TYPE, name,
+          ": unsupported device type ", static_cast<int>(t->device.type));
+  require(t->ndim >= 0 && t->ndim <= ZF_MAX_DIMS, ZF_ERROR_INVALID_VALUE, name, ": ndim ", t->ndim, " is outside [0, ",
+          ZF_MAX_DIMS, "]");
   for (int d = 0; d < t->ndim; ++d) {
-    require(t->shape[d] >= 0, ZF_ERROR_INVALID_VALUE, name, ": negative size ", t->shape[d],
-            " in dimension ", d);
+    require(t->shape[d] >= 0, ZF_ERROR_INVALID_VALUE, name, ": negative size ", t->shape[d], " in dimension ", d);
   }
   if (numel(*t) == 0) return;
   require(t->data != nullptr, ZF_ERROR_INVALID_VALUE, name, ": data is NULL for a non-empty tensor");
@@ -82,8 +79,8 @@ void check_contiguous(const zf_tensor& t, const std::string& name) {
 
 void check_same_device(const zf_tensor& t, const std::string& name, const zf_device& expected,
                        const std::string& expected_from) {
-  require(same_device(t.device, expected), ZF_ERROR_INVALID_TYPE, name, ": is on ", describe_device(t.device),
-          " but ", expected_from, " is on ", describe_device(expected));
+  require(same_device(t.device, expected), ZF_ERROR_INVALID_TYPE, name, ": is on ", describe_device(t.device), " but ",
+          expected_from, " is on ", describe_device(expected));
 }
 
 void check_numel(const zf_tensor& t, const std::string& name, int64_t expected) {

@@ -53,8 +53,7 @@ int host_cpu_count();
 
 // [begin, end) split into `parts` contiguous ranges; the range of part `index`. Ranges
 // differ in length by at most one element.
-inline void split_range(int64_t begin, int64_t end, int index, int parts, int64_t* part_begin,
-                        int64_t* part_end) {
+inline void split_range(int64_t begin, int64_t end, int index, int parts, int64_t* part_begin, int64_t* part_end) {
   const int64_t total = end - begin;
   const int64_t base = total / parts;
   const int64_t extra = total % parts;

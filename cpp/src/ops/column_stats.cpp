@@ -84,16 +84,15 @@ void accumulate_piece(const zf_tensor& grad, const ColumnPiece& piece, double* a
   const int64_t rows = grad.shape[0], stride = grad.shape[1], cols = piece.col_end - piece.col_begin;
   switch (grad.dtype) {
     case ZF_DTYPE_F32:
-      kernels.column_sq_accumulate_f32(static_cast<const float*>(grad.data) + piece.col_begin, rows, cols, stride,
-                                       acc);
+      kernels.column_sq_accumulate_f32(static_cast<const float*>(grad.data) + piece.col_begin, rows, cols, stride, acc);
       break;
     case ZF_DTYPE_BF16:
-      kernels.column_sq_accumulate_bf16(static_cast<const uint16_t*>(grad.data) + piece.col_begin, rows, cols,
-                                        stride, acc);
+      kernels.column_sq_accumulate_bf16(static_cast<const uint16_t*>(grad.data) + piece.col_begin, rows, cols, stride,
+                                        acc);
       break;
     case ZF_DTYPE_F16:
-      kernels.column_sq_accumulate_f16(static_cast<const uint16_t*>(grad.data) + piece.col_begin, rows, cols,
-                                       stride, acc);
+      kernels.column_sq_accumulate_f16(static_cast<const uint16_t*>(grad.data) + piece.col_begin, rows, cols, stride,
+                                       acc);
       break;
     default:
       fail(ZF_ERROR_INTERNAL, "column_stats: unexpected dtype");
@@ -115,7 +114,8 @@ void column_stats_host(const zf_tensor* grads, const zf_tensor* col_sq, size_t c
   int64_t work_before = 0;
   for (size_t p = 0; p < pieces.size(); ++p) {
     const int64_t middle = work_before + pieces[p].work / 2;
-    owner[p] = static_cast<int>(std::min<int64_t>(pool.size() - 1, middle * pool.size() / std::max<int64_t>(1, total_work)));
+    owner[p] =
+        static_cast<int>(std::min<int64_t>(pool.size() - 1, middle * pool.size() / std::max<int64_t>(1, total_work)));
     work_before += pieces[p].work;
   }
   pool.run([&](int thread, int) {

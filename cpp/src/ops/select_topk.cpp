@@ -37,8 +37,8 @@ zf_device validate(const zf_tensor* scores, const zf_tensor* out_indices, size_t
     check_ndim(out_indices[i], out_name, 1);
     check_contiguous(out_indices[i], out_name);
     check_same_device(out_indices[i], out_name, device, "col_sq[0]");
-    require(out_indices[i].shape[0] <= scores[i].shape[0], ZF_ERROR_INVALID_VALUE, out_name, ": k=",
-            out_indices[i].shape[0], " is larger than the ", scores[i].shape[0], " columns of ", score_name);
+    require(out_indices[i].shape[0] <= scores[i].shape[0], ZF_ERROR_INVALID_VALUE, out_name,
+            ": k=", out_indices[i].shape[0], " is larger than the ", scores[i].shape[0], " columns of ", score_name);
     require(scores[i].shape[0] <= INT32_MAX, ZF_ERROR_INVALID_VALUE, score_name,
             ": more columns than int32 indices can address");
   }
@@ -62,7 +62,9 @@ void select_one(const float* score, int64_t n, int64_t k, int32_t* out) {
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   if (k < n) {
-    const auto better = [score](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
+    const auto better = [score](int32_t a, int32_t b) {
+      return score[a] > score[b] || (score[a] == score[b] && a < b);
+    };
     std::nth_element(order.begin(), order.begin() + k, order.end(), better);
     std::sort(order.begin(), order.begin() + k);
   }

@@ -18,10 +18,8 @@ struct KernelTable {
   // of fp32 values are exact in fp64 and each column is summed in row order, so every
   // level returns bitwise-identical sums.
   void (*column_sq_accumulate_f32)(const float* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
-  void (*column_sq_accumulate_bf16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride,
-                                    double* acc);
-  void (*column_sq_accumulate_f16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride,
-                                   double* acc);
+  void (*column_sq_accumulate_bf16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
+  void (*column_sq_accumulate_f16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
 };
 
 const KernelTable* kernel_table_scalar();

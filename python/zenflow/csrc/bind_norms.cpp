@@ -10,8 +10,8 @@ namespace zf_py {
 void register_norms(py::module_& m) {
   m.def(
       "column_stats",
-      [](const py::sequence& grads, const py::sequence& col_sq, const py::object& total_sq,
-         const py::object& nonfinite, bool accumulate, const py::object& workspace, bool query, intptr_t stream) {
+      [](const py::sequence& grads, const py::sequence& col_sq, const py::object& total_sq, const py::object& nonfinite,
+         bool accumulate, const py::object& workspace, bool query, intptr_t stream) {
         const auto grad_args = to_tensor_list(grads, "grads", Access::kRead, stream);
         const auto out_args = to_tensor_list(col_sq, "out_col_sq", Access::kWrite, stream);
         if (grad_args.size() != out_args.size()) {

@@ -171,8 +171,7 @@ TensorArg to_tensor(const py::handle& obj, const std::string& name, Access acces
              std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
 }
 
-std::vector<TensorArg> to_tensor_list(const py::handle& seq, const std::string& name, Access access,
-                                      intptr_t stream) {
+std::vector<TensorArg> to_tensor_list(const py::handle& seq, const std::string& name, Access access, intptr_t stream) {
   if (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq)) {
     type_error(name + ": expected a list of arrays");
   }
