@@ -10,11 +10,13 @@ from typing import Any
 _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64")
 
 
-def family(x: Any) -> str:
+def family(x: Any, name: str = "array") -> str:
     module = type(x).__module__.split(".")[0]
     if module in ("torch", "numpy", "cupy"):
         return module
-    raise TypeError(f"expected a torch tensor, numpy array or cupy array, got {type(x).__name__}")
+    raise TypeError(
+        f"{name}: expected a torch tensor, numpy array or cupy array, got {type(x).__name__}"
+    )
 
 
 def is_cuda(x: Any) -> bool:
@@ -24,10 +26,10 @@ def is_cuda(x: Any) -> bool:
     return kind == "cupy"
 
 
-def prepare(x: Any) -> Any:
+def prepare(x: Any, name: str) -> Any:
     """What crosses into the native layer: torch tensors that require grad refuse to
     export through DLPack, so they travel detached (same memory)."""
-    if family(x) == "torch" and x.requires_grad:
+    if family(x, name) == "torch" and x.requires_grad:
         return x.detach()
     return x
 

@@ -24,11 +24,12 @@ extern "C" {
  *   flags       0, or ZF_COLUMN_STATS_ACCUMULATE to add c into out_col_sq.
  *   stream      cudaStream_t for CUDA tensors; the call is asynchronous on it.
  *
- * All tensors live on one device. Squares are exact and sums are accumulated in fp64,
- * then rounded once to fp32: every column is summed in row order, so the host result is
- * bitwise identical across runs, thread counts and SIMD levels. The CUDA kernel sums in a
- * fixed order that depends only on the shapes (deterministic run to run); its sums may
- * differ from the host's in the last fp32 bit.
+ * All tensors live on one device. Host: squares are summed in fp32 over blocks of 8 rows
+ * and the block sums in fp64, then rounded once to fp32 (relative error below 5e-7 per
+ * column); every column is summed in a fixed row order, so the host result is bitwise
+ * identical across runs, thread counts and SIMD levels. CUDA: exact squares summed in fp64
+ * in an order fixed by the shapes (deterministic run to run); sums may differ from the
+ * host's in the last fp32 bit.
  * For CUDA tensors, `workspace` must hold `*workspace_bytes` bytes of device memory: call
  * once with workspace == NULL to learn the size (nothing else happens then), then again.
  * CPU tensors need no workspace (the size is 0).

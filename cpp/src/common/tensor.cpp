@@ -19,6 +19,7 @@ int64_t numel(const zf_tensor& t) {
 }
 
 bool is_contiguous(const zf_tensor& t) {
+  if (numel(t) == 0) return true;  // no element to address: strides are meaningless
   int64_t expected = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     // Size-1 dimensions may carry any stride (torch gives them arbitrary ones).

@@ -14,9 +14,9 @@ namespace simd {
 struct KernelTable {
   zf_simd_level level;
 
-  // acc[j] += sum over r < rows of x[r * row_stride + j]^2 for j < cols, in fp64. Squares
-  // of fp32 values are exact in fp64 and each column is summed in row order, so every
-  // level returns bitwise-identical sums.
+  // acc[j] += sum over r < rows of x[r * row_stride + j]^2 for j < cols: fp32 sums over
+  // blocks of 8 rows added into fp64 acc (see kernels_impl.hpp). Each column is summed in
+  // row order with the same roundings at every level, so all levels agree bit for bit.
   void (*column_sq_accumulate_f32)(const float* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
   void (*column_sq_accumulate_bf16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
   void (*column_sq_accumulate_f16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);

@@ -24,10 +24,11 @@ struct Avx2Isa {
     _mm256_storeu_pd(p, v.lo);
     _mm256_storeu_pd(p + 4, v.hi);
   }
-  static F64x add_square(F64x acc, F32 x) {
-    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-    return {_mm256_fmadd_pd(lo, lo, acc.lo), _mm256_fmadd_pd(hi, hi, acc.hi)};
+  static F32 mul(F32 a, F32 b) { return _mm256_mul_ps(a, b); }
+  static F32 add(F32 a, F32 b) { return _mm256_add_ps(a, b); }
+  static F64x add_widened(F64x acc, F32 x) {
+    return {_mm256_add_pd(acc.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x))),
+            _mm256_add_pd(acc.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)))};
   }
 };
 

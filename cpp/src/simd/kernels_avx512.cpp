@@ -24,10 +24,11 @@ struct Avx512Isa {
     _mm512_storeu_pd(p, v.lo);
     _mm512_storeu_pd(p + 8, v.hi);
   }
-  static F64x add_square(F64x acc, F32 x) {
-    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-    const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-    return {_mm512_fmadd_pd(lo, lo, acc.lo), _mm512_fmadd_pd(hi, hi, acc.hi)};
+  static F32 mul(F32 a, F32 b) { return _mm512_mul_ps(a, b); }
+  static F32 add(F32 a, F32 b) { return _mm512_add_ps(a, b); }
+  static F64x add_widened(F64x acc, F32 x) {
+    return {_mm512_add_pd(acc.lo, _mm512_cvtps_pd(_mm512_castps512_ps256(x))),
+            _mm512_add_pd(acc.hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)))};
   }
 };
 

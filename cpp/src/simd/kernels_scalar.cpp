@@ -12,10 +12,9 @@ struct ScalarIsa {
   static F32 load_f16(const uint16_t* p) { return zf::f16_to_f32(*p); }
   static F64x load_f64x(const double* p) { return *p; }
   static void store_f64x(double* p, F64x v) { *p = v; }
-  static F64x add_square(F64x acc, F32 x) {
-    const double wide = x;
-    return acc + wide * wide;
-  }
+  static F32 mul(F32 a, F32 b) { return a * b; }
+  static F32 add(F32 a, F32 b) { return a + b; }
+  static F64x add_widened(F64x acc, F32 x) { return acc + static_cast<double>(x); }
 };
 
 }  // namespace

@@ -1,0 +1,32 @@
+"""Shared fixtures: SIMD levels to sweep, GPU skipping, and restoring global settings."""
+
+from __future__ import annotations
+
+import pytest
+
+import zenflow
+
+
+def pytest_collection_modifyitems(config, items):
+    if zenflow.cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (zenflow.cuda_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=zenflow.supported_simd_levels())
+def simd_level(request):
+    """Runs a test once per SIMD level this CPU supports, then restores the default."""
+    previous = zenflow.simd_level()
+    zenflow.set_simd_level(request.param)
+    yield request.param
+    zenflow.set_simd_level(previous)
+
+
+@pytest.fixture
+def restore_threads():
+    previous = zenflow.get_num_threads()
+    yield
+    zenflow.set_num_threads(previous)
