@@ -70,8 +70,7 @@ void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count,
   const StatsPlan plan = plan_column_stats(grads, col_sq, count);
   const WorkspaceLayout layout = layout_for(plan);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const int device = count > 0 ? grads[0].device.index : 0;
-  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  const ScopedDevice device_guard(count > 0 ? grads[0].device.index : 0);
   if (plan.column_blocks == 0) {
     // Nothing to read: the total is 0 and no element is non-finite.
     check_cuda(cudaMemsetAsync(total_sq, 0, sizeof(float), cuda_stream), "cudaMemsetAsync(total_sq)");
