@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import ops
 from ._native import native
+from .cpu_adam import CPUAdamW, default_num_threads
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,8 @@ __all__ = [
     "get_num_threads",
     "set_num_threads",
     "info",
+    "CPUAdamW",
+    "default_num_threads",
 ]
 
 _LEVELS = ("scalar", "avx2", "avx512")

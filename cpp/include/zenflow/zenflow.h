@@ -138,7 +138,10 @@ ZF_API zf_status zf_cuda_device_name(int index, char* buf, size_t buf_size);
 } /* extern "C" */
 #endif
 
+#include "zenflow/cpu_adam.h"
 #include "zenflow/norms.h"
+#include "zenflow/optim.h"
+#include "zenflow/pack.h"
 #include "zenflow/topk.h"
 
 #endif /* ZENFLOW_ZENFLOW_H_ */

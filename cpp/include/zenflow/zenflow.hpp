@@ -79,6 +79,73 @@ inline void select_topk_columns(const std::vector<zf_tensor>& scores, const std:
                                workspace ? &workspace_bytes : nullptr, stream));
 }
 
+// ---- column ops (see zenflow/optim.h and zenflow/pack.h for the contracts) ----
+
+constexpr zf_adamw_options default_adamw_options() { return zf_adamw_options{0.9, 0.999, 1e-8}; }
+
+// `selected` empty: every column (dense AdamW). grad_scale and noop may be null.
+inline void adamw_selected_columns(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& grads,
+                                   const std::vector<zf_tensor>& selected, const std::vector<zf_column_state>& state,
+                                   const std::vector<double>& lr, const std::vector<double>& weight_decay,
+                                   zf_adamw_options options = default_adamw_options(),
+                                   const zf_tensor* grad_scale = nullptr, const zf_tensor* noop = nullptr,
+                                   zf_stream stream = nullptr) {
+  const size_t count = params.size();
+  if (grads.size() != count || state.size() != count || lr.size() != count || weight_decay.size() != count ||
+      (!selected.empty() && selected.size() != count)) {
+    throw Error(ZF_ERROR_INVALID_VALUE, "adamw_selected_columns: argument lists differ in length");
+  }
+  check(zf_adamw_selected_columns(params.data(), grads.data(), selected.empty() ? nullptr : selected.data(),
+                                  state.data(), lr.data(), weight_decay.data(), count, options, grad_scale, noop,
+                                  stream));
+}
+
+// `selected` empty: no column is selected (every column is packed).
+inline void pack_columns(const std::vector<zf_tensor>& grads, const std::vector<zf_tensor>& selected,
+                         const zf_tensor& packed, const zf_tensor* scale = nullptr, zf_stream stream = nullptr) {
+  if (!selected.empty() && selected.size() != grads.size())
+    throw Error(ZF_ERROR_INVALID_VALUE, "selected: length differs from grads");
+  check(zf_pack_columns(grads.data(), selected.empty() ? nullptr : selected.data(), grads.size(), &packed, scale,
+                        stream));
+}
+
+inline void scatter_columns(const zf_tensor& packed, const std::vector<zf_tensor>& params,
+                            const std::vector<zf_tensor>& selected, zf_stream stream = nullptr) {
+  if (!selected.empty() && selected.size() != params.size())
+    throw Error(ZF_ERROR_INVALID_VALUE, "selected: length differs from params");
+  check(
+      zf_scatter_columns(&packed, params.data(), selected.empty() ? nullptr : selected.data(), params.size(), stream));
+}
+
+struct ExchangeArgs {
+  std::vector<zf_tensor> old_selected, new_selected;
+  std::vector<zf_column_state> old_state, new_state, entering, leaving;
+  void validate_lengths() const {
+    const size_t n = old_selected.size();
+    if (new_selected.size() != n || old_state.size() != n || new_state.size() != n || entering.size() != n ||
+        leaving.size() != n) {
+      throw Error(ZF_ERROR_INVALID_VALUE, "exchange_selected_columns: argument lists differ in length");
+    }
+  }
+};
+
+inline size_t exchange_selected_columns_workspace_bytes(const ExchangeArgs& a) {
+  a.validate_lengths();
+  size_t bytes = 0;
+  check(zf_exchange_selected_columns(a.old_selected.data(), a.new_selected.data(), a.old_state.data(),
+                                     a.new_state.data(), a.entering.data(), a.leaving.data(), a.old_selected.size(),
+                                     nullptr, &bytes, nullptr));
+  return bytes;
+}
+
+inline void exchange_selected_columns(const ExchangeArgs& a, void* workspace = nullptr, size_t workspace_bytes = 0,
+                                      zf_stream stream = nullptr) {
+  a.validate_lengths();
+  check(zf_exchange_selected_columns(a.old_selected.data(), a.new_selected.data(), a.old_state.data(),
+                                     a.new_state.data(), a.entering.data(), a.leaving.data(), a.old_selected.size(),
+                                     workspace, workspace ? &workspace_bytes : nullptr, stream));
+}
+
 // ---- RAII guards for process-wide settings ----
 
 // Forces a SIMD level for its lifetime (tests sweep the levels with it).
@@ -113,6 +180,76 @@ inline std::vector<zf_simd_level> supported_simd_levels() {
     levels.push_back(static_cast<zf_simd_level>(level));
   }
   return levels;
+}
+
+}  // namespace zenflow
+
+// ---- host optimizer (see zenflow/cpu_adam.h for the contracts) ----
+namespace zenflow {
+
+inline zf_adam_hparams adam_hparams(double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+                                    double weight_decay = 1e-2, zf_adam_mode mode = ZF_ADAM_MODE_ADAMW) {
+  return zf_adam_hparams{lr, beta1, beta2, eps, weight_decay, mode};
+}
+
+namespace detail {
+inline void require_same_length(size_t expected, size_t got, const char* name) {
+  if (got != expected) {
+    throw Error(ZF_ERROR_INVALID_VALUE, std::string(name) + ": has " + std::to_string(got) + " entries for " +
+                                            std::to_string(expected) + " params");
+  }
+}
+// An empty list stands for "none" (a NULL array at the C ABI).
+inline const zf_tensor* optional_list(const std::vector<zf_tensor>& list, size_t count, const char* name) {
+  if (list.empty()) return nullptr;
+  require_same_length(count, list.size(), name);
+  return list.data();
+}
+}  // namespace detail
+
+// One Adam/AdamW step on every tensor; out_params empty for no output copy.
+inline void cpu_adamw_step(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& exp_avgs,
+                           const std::vector<zf_tensor>& exp_avg_sqs, const std::vector<zf_tensor>& grads,
+                           const std::vector<zf_tensor>& out_params, const std::vector<int64_t>& steps,
+                           const zf_adam_hparams& hparams, float grad_scale = 1.0f, uint32_t flags = 0) {
+  const size_t count = params.size();
+  detail::require_same_length(count, exp_avgs.size(), "exp_avgs");
+  detail::require_same_length(count, exp_avg_sqs.size(), "exp_avg_sqs");
+  detail::require_same_length(count, grads.size(), "grads");
+  detail::require_same_length(count, steps.size(), "steps");
+  check(zf_cpu_adamw_step(params.data(), exp_avgs.data(), exp_avg_sqs.data(), grads.data(),
+                          detail::optional_list(out_params, count, "out_params"), steps.data(), count, &hparams,
+                          grad_scale, flags));
+}
+
+// The step on the unselected columns of column-major matrices. selected, column_steps and
+// out_params may be empty (none); steps is used (one per matrix) when column_steps is empty.
+inline void cpu_adamw_step_skip_columns(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& exp_avgs,
+                                        const std::vector<zf_tensor>& exp_avg_sqs, const std::vector<zf_tensor>& grads,
+                                        const std::vector<zf_tensor>& out_params,
+                                        const std::vector<zf_tensor>& selected,
+                                        const std::vector<zf_tensor>& column_steps, const std::vector<int64_t>& steps,
+                                        const zf_adam_hparams& hparams, float grad_scale = 1.0f, uint32_t flags = 0) {
+  const size_t count = params.size();
+  detail::require_same_length(count, exp_avgs.size(), "exp_avgs");
+  detail::require_same_length(count, exp_avg_sqs.size(), "exp_avg_sqs");
+  detail::require_same_length(count, grads.size(), "grads");
+  if (column_steps.empty()) detail::require_same_length(count, steps.size(), "steps");
+  check(zf_cpu_adamw_step_skip_columns(params.data(), exp_avgs.data(), exp_avg_sqs.data(), grads.data(),
+                                       detail::optional_list(out_params, count, "out_params"),
+                                       detail::optional_list(selected, count, "selected"),
+                                       detail::optional_list(column_steps, count, "column_steps"),
+                                       steps.empty() ? nullptr : steps.data(), count, &hparams, grad_scale, flags));
+}
+
+// accumulators[i] += scale * blocks[i]; with selected (non-empty), blocks hold the packed
+// unselected columns.
+inline void cpu_accumulate(const std::vector<zf_tensor>& accumulators, const std::vector<zf_tensor>& blocks,
+                           const std::vector<zf_tensor>& selected = {}, float scale = 1.0f) {
+  const size_t count = accumulators.size();
+  detail::require_same_length(count, blocks.size(), "blocks");
+  check(zf_cpu_accumulate(accumulators.data(), blocks.data(), detail::optional_list(selected, count, "selected"), count,
+                          scale));
 }
 
 }  // namespace zenflow

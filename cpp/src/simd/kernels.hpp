@@ -6,10 +6,26 @@
 
 #include <cstdint>
 
+#include "common/adam_math.hpp"
 #include "zenflow/zenflow.h"
 
 namespace zf {
 namespace simd {
+
+// One Adam/AdamW step over `count` contiguous elements; every pointer is at the first one.
+struct AdamStepArgs {
+  float* param;  // fp32 master
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* grad;  // grad_dtype: f32, bf16 or f16; written only when zero_grad
+  zf_dtype grad_dtype;
+  void* out;  // nullptr, or receives the updated param in out_dtype (f32, bf16 or f16)
+  zf_dtype out_dtype;
+  bool zero_grad;
+  bool stream_out;   // a bf16/f16 `out` is written with non-temporal stores (large calls)
+  float grad_scale;  // applied to the gradient before anything else
+  AdamStepScalars scalars;
+};
 
 struct KernelTable {
   zf_simd_level level;
@@ -20,6 +36,12 @@ struct KernelTable {
   void (*column_sq_accumulate_f32)(const float* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
   void (*column_sq_accumulate_bf16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
   void (*column_sq_accumulate_f16)(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc);
+
+  // adam_update_element (common/adam_math.hpp) on every element, computed identically at
+  // every level; see kernels_adam_impl.hpp.
+  void (*adam_step)(const AdamStepArgs& args, int64_t count);
+  // acc[i] = accumulate_element(acc[i], x[i], scale) for i < count; x is f32, bf16 or f16.
+  void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale);
 };
 
 const KernelTable* kernel_table_scalar();

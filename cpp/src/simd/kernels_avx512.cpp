@@ -26,6 +26,31 @@ struct Avx512Isa {
   }
   static F32 mul(F32 a, F32 b) { return _mm512_mul_ps(a, b); }
   static F32 add(F32 a, F32 b) { return _mm512_add_ps(a, b); }
+  // The optimizer's primitives (kernels_adam_impl.hpp).
+  static F32 set1(float x) { return _mm512_set1_ps(x); }
+  static F32 sub(F32 a, F32 b) { return _mm512_sub_ps(a, b); }
+  static F32 div(F32 a, F32 b) { return _mm512_div_ps(a, b); }
+  static F32 sqrt(F32 a) { return _mm512_sqrt_ps(a); }
+  static F32 fma(F32 a, F32 b, F32 c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store_f32(float* p, F32 x) { _mm512_storeu_ps(p, x); }
+  // Round to nearest even in integer arithmetic (AVX512_BF16 is not part of this level);
+  // NaN keeps its sign and top payload bits and is made quiet, as zf::f32_to_bf16 does.
+  static __m256i to_bf16(F32 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i high = _mm512_srli_epi32(bits, 16);
+    const __m512i rounding = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, rounding), 16);
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i result = _mm512_mask_mov_epi32(rounded, is_nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(result);
+  }
+  static __m256i to_f16(F32 x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static void store_bf16(uint16_t* p, F32 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+  static void store_f16(uint16_t* p, F32 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_f16(x)); }
+  static constexpr int64_t kStream16Alignment = 32;
+  static void stream_bf16(uint16_t* p, F32 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+  static void stream_f16(uint16_t* p, F32 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16(x)); }
+  static void stream_fence() { _mm_sfence(); }
   static F64x add_widened(F64x acc, F32 x) {
     return {_mm512_add_pd(acc.lo, _mm512_cvtps_pd(_mm512_castps512_ps256(x))),
             _mm512_add_pd(acc.hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)))};

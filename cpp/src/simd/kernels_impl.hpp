@@ -16,6 +16,7 @@
 
 #include "common/float_convert.hpp"
 #include "simd/kernels.hpp"
+#include "simd/kernels_adam_impl.hpp"
 
 namespace {
 
@@ -26,6 +27,20 @@ namespace {
 // instruction count of widening every square to fp64.
 constexpr int64_t kColumnSqBlockRows = 8;
 
+// Sum of squares of kLanes columns over `block_rows` rows, in row order. Inlined with a
+// constant block_rows on the hot path, so the loop unrolls fully there.
+template <class Isa, class Storage, class VectorLoad>
+inline auto column_block_square_sum(const Storage* column, int64_t block_rows, int64_t row_stride,
+                                    VectorLoad vector_load) {
+  auto value = vector_load(column);
+  auto sum = Isa::mul(value, value);
+  for (int64_t q = 1; q < block_rows; ++q) {
+    value = vector_load(column + q * row_stride);
+    sum = Isa::add(sum, Isa::mul(value, value));
+  }
+  return sum;
+}
+
 template <class Isa, class Storage, class VectorLoad, class ScalarLoad>
 void column_sq_accumulate(const Storage* x, int64_t rows, int64_t cols, int64_t row_stride, double* acc,
                           VectorLoad vector_load, ScalarLoad scalar_load) {
@@ -33,24 +48,14 @@ void column_sq_accumulate(const Storage* x, int64_t rows, int64_t cols, int64_t 
     const Storage* block = x + r * row_stride;
     const int64_t block_rows = rows - r < kColumnSqBlockRows ? rows - r : kColumnSqBlockRows;
     int64_t j = 0;
-    if (block_rows == kColumnSqBlockRows) {  // the hot path: a fixed trip count unrolls fully
+    if (block_rows == kColumnSqBlockRows) {
       for (; j + Isa::kLanes <= cols; j += Isa::kLanes) {
-        auto value = vector_load(block + j);
-        auto sum = Isa::mul(value, value);
-        for (int64_t q = 1; q < kColumnSqBlockRows; ++q) {
-          value = vector_load(block + q * row_stride + j);
-          sum = Isa::add(sum, Isa::mul(value, value));
-        }
+        const auto sum = column_block_square_sum<Isa>(block + j, kColumnSqBlockRows, row_stride, vector_load);
         Isa::store_f64x(acc + j, Isa::add_widened(Isa::load_f64x(acc + j), sum));
       }
     } else {
       for (; j + Isa::kLanes <= cols; j += Isa::kLanes) {
-        auto value = vector_load(block + j);
-        auto sum = Isa::mul(value, value);
-        for (int64_t q = 1; q < block_rows; ++q) {
-          value = vector_load(block + q * row_stride + j);
-          sum = Isa::add(sum, Isa::mul(value, value));
-        }
+        const auto sum = column_block_square_sum<Isa>(block + j, block_rows, row_stride, vector_load);
         Isa::store_f64x(acc + j, Isa::add_widened(Isa::load_f64x(acc + j), sum));
       }
     }
@@ -94,6 +99,8 @@ zf::simd::KernelTable make_kernel_table(zf_simd_level level) {
   table.column_sq_accumulate_f32 = &column_sq_accumulate_f32<Isa>;
   table.column_sq_accumulate_bf16 = &column_sq_accumulate_bf16<Isa>;
   table.column_sq_accumulate_f16 = &column_sq_accumulate_f16<Isa>;
+  table.adam_step = &adam_step<Isa>;
+  table.accumulate = &accumulate<Isa>;
   return table;
 }
 

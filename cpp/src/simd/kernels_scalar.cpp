@@ -14,6 +14,19 @@ struct ScalarIsa {
   static void store_f64x(double* p, F64x v) { *p = v; }
   static F32 mul(F32 a, F32 b) { return a * b; }
   static F32 add(F32 a, F32 b) { return a + b; }
+  // The optimizer's primitives (kernels_adam_impl.hpp).
+  static F32 set1(float x) { return x; }
+  static F32 sub(F32 a, F32 b) { return a - b; }
+  static F32 div(F32 a, F32 b) { return a / b; }
+  static F32 sqrt(F32 a) { return std::sqrt(a); }
+  static F32 fma(F32 a, F32 b, F32 c) { return zf::adam_fma(a, b, c); }
+  static void store_f32(float* p, F32 x) { *p = x; }
+  static void store_bf16(uint16_t* p, F32 x) { *p = zf::f32_to_bf16(x); }
+  static void store_f16(uint16_t* p, F32 x) { *p = zf::f32_to_f16(x); }
+  static constexpr int64_t kStream16Alignment = 2;  // no streaming stores at this level
+  static void stream_bf16(uint16_t* p, F32 x) { store_bf16(p, x); }
+  static void stream_f16(uint16_t* p, F32 x) { store_f16(p, x); }
+  static void stream_fence() {}
   static F64x add_widened(F64x acc, F32 x) { return acc + static_cast<double>(x); }
 };
 

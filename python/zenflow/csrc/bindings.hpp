@@ -6,4 +6,7 @@
 namespace zf_py {
 void register_norms(pybind11::module_& m);
 void register_topk(pybind11::module_& m);
+void register_optim(pybind11::module_& m);
+void register_pack(pybind11::module_& m);
+void register_cpu_adam(pybind11::module_& m);
 }  // namespace zf_py

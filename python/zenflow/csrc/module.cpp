@@ -51,4 +51,7 @@ PYBIND11_MODULE(_C, m) {
   zf_py::register_runtime(m);
   zf_py::register_norms(m);
   zf_py::register_topk(m);
+  zf_py::register_optim(m);
+  zf_py::register_pack(m);
+  zf_py::register_cpu_adam(m);
 }

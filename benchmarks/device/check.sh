@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU check of zenflow (benchmarks/device/README.md): builds from source on the GPU
+# machine, runs the C++ tests, the GPU pytest tests, the CPU kernel tests again with
+# ZENFLOW_SIMD=avx512, the GPU tests once under compute-sanitizer memcheck (small sizes),
+# then the GPU benchmark. Offline; about 5 minutes on one H200 with 16 cores, hard cap 8.
+#
+#   bash benchmarks/device/check.sh          # results and log under $OUT (or benchmarks/results)
+#
+# Exit status: 0 when every step passed, 1 otherwise (the log names the failing steps).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-$ROOT/benchmarks/results}
+mkdir -p "$OUT"
+STAMP=$(date +%Y-%m-%d)
+LOG=$OUT/$STAMP-device-check.log
+: >"$LOG"
+BUILD=${ZENFLOW_DEVICE_BUILD:-$ROOT/build-device}
+PYTHON=${PYTHON:-python}
+export ZENFLOW_CUDA_ARCHS=${ZENFLOW_CUDA_ARCHS:-90}  # one architecture: half the compile time
+BUDGET=${ZENFLOW_CHECK_BUDGET_S:-470}                # whole script, seconds
+START=$SECONDS
+FAILED=()
+
+say() { echo "== $* [$((SECONDS - START)) s]" | tee -a "$LOG"; }
+
+# run NAME LIMIT_S CMD...: runs CMD with its output in the log, within its own limit and
+# the script's remaining budget; records a failure instead of stopping.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - (SECONDS - START)))
+  if ((left < 20)); then
+    say "SKIPPED $name (time budget spent)"
+    FAILED+=("$name (skipped: budget)")
+    return
+  fi
+  ((limit > left)) && limit=$left
+  say "$name (limit ${limit} s)"
+  if timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1; then
+    say "ok $name"
+  else
+    say "FAILED $name (status $?)"
+    FAILED+=("$name")
+  fi
+}
+
+say "zenflow device check in $ROOT, archs $ZENFLOW_CUDA_ARCHS, $(nproc) cores"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1 || true
+
+# One CMake build: libzenflow, the C++ tests, and zenflow._C placed next to the Python
+# sources (python/zenflow), so PYTHONPATH=python imports it. GoogleTest is optional.
+PYBIND11_DIR=$("$PYTHON" -m pybind11 --cmakedir 2>/dev/null)
+configure() {
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=ON \
+    -DZENFLOW_BUILD_PYTHON=ON -DZENFLOW_BUILD_TESTS="$1" -Dpybind11_DIR="$PYBIND11_DIR" \
+    -DPython_EXECUTABLE="$(command -v "$PYTHON")" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/zenflow"
+}
+HAVE_CTEST=1
+if ! configure ON >>"$LOG" 2>&1; then
+  say "configure with tests failed (no GoogleTest?): building without the C++ tests"
+  rm -rf "$BUILD"
+  HAVE_CTEST=0
+  configure OFF >>"$LOG" 2>&1 || FAILED+=("configure")
+fi
+run "build" 240 cmake --build "$BUILD" -j "$(nproc)"
+
+export PYTHONPATH=$ROOT/python:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}
+run "zenflow info" 30 "$PYTHON" -m zenflow info
+if ((HAVE_CTEST)); then
+  run "ctest" 60 ctest --test-dir "$BUILD" --output-on-failure -j 8
+  run "ctest, ZENFLOW_SIMD=avx512" 60 env ZENFLOW_SIMD=avx512 ctest --test-dir "$BUILD" --output-on-failure -j 8
+fi
+run "pytest gpu" 120 "$PYTHON" -m pytest -q -m gpu "$ROOT/tests/python"
+run "pytest cpu, ZENFLOW_SIMD=avx512" 60 env ZENFLOW_SIMD=avx512 "$PYTHON" -m pytest -q -m "not gpu" "$ROOT/tests/python"
+
+# memcheck sees torch's real allocations only without its caching allocator.
+SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+if [[ -x $SANITIZER ]]; then
+  run "compute-sanitizer memcheck (small)" 150 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --tool memcheck --error-exitcode 1 --target-processes all \
+    "$PYTHON" -m pytest -q -x -m gpu -k "not graph and not cupy" "$ROOT/tests/python/test_gpu_kernels.py"
+else
+  say "compute-sanitizer not found"
+  FAILED+=("compute-sanitizer (not found)")
+fi
+
+run "benchmark" 150 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --out "$OUT/$STAMP-gpu-kernels.md"
+[[ -f $OUT/$STAMP-gpu-kernels.md ]] && cat "$OUT/$STAMP-gpu-kernels.md"
+
+say "done in $((SECONDS - START)) s"
+if ((${#FAILED[@]})); then
+  printf 'FAILED: %s\n' "${FAILED[@]}" | tee -a "$LOG"
+  exit 1
+fi
+echo "all device checks passed" | tee -a "$LOG"

@@ -1,0 +1,231 @@
+// The host optimizer kernels (Adam/AdamW step, deferral accumulate), written once over the
+// Isa vector interface and compiled once per ISA level through kernels_impl.hpp. Everything
+// sits in an anonymous namespace: the copies built with different flags never meet at link
+// time.
+//
+// Beyond kernels_impl.hpp's interface, an Isa provides, on F32 vectors:
+//   set1(float), add, sub, mul, div, sqrt    lane-wise, each correctly rounded
+//   fma(a, b, c)                             a * b + c with one rounding
+//   store_f32 / store_bf16 / store_f16       kLanes elements (unaligned); the narrowing
+//                                            stores round to nearest even
+//   stream_bf16 / stream_f16, stream_fence   the same as non-temporal stores, to an address
+//                                            aligned to kStream16Alignment bytes; the fence
+//                                            orders them before the call returns
+//
+// The vector body computes adam_update_element (common/adam_math.hpp) operation for
+// operation. A tail shorter than a vector goes through the same body on a padded copy, so
+// an element's result never depends on where a thread's range or a column run starts:
+// results are bitwise identical across thread counts, and across levels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common/adam_math.hpp"
+#include "simd/kernels.hpp"
+
+namespace {
+
+constexpr int kNoOutput = -1;
+
+template <class Isa, int kDtype>
+typename Isa::F32 load_as_f32(const void* base, int64_t i) {
+  if constexpr (kDtype == ZF_DTYPE_F32) {
+    return Isa::load_f32(static_cast<const float*>(base) + i);
+  } else if constexpr (kDtype == ZF_DTYPE_BF16) {
+    return Isa::load_bf16(static_cast<const uint16_t*>(base) + i);
+  } else {
+    return Isa::load_f16(static_cast<const uint16_t*>(base) + i);
+  }
+}
+
+// kStream: a non-temporal store (16-bit dtypes only; the address must be aligned to
+// Isa::kStream16Alignment bytes).
+template <class Isa, int kDtype, bool kStream = false>
+void store_from_f32(void* base, int64_t i, typename Isa::F32 x) {
+  if constexpr (kDtype == ZF_DTYPE_F32) {
+    Isa::store_f32(static_cast<float*>(base) + i, x);
+  } else if constexpr (kDtype == ZF_DTYPE_BF16) {
+    if constexpr (kStream) {
+      Isa::stream_bf16(static_cast<uint16_t*>(base) + i, x);
+    } else {
+      Isa::store_bf16(static_cast<uint16_t*>(base) + i, x);
+    }
+  } else {
+    if constexpr (kStream) {
+      Isa::stream_f16(static_cast<uint16_t*>(base) + i, x);
+    } else {
+      Isa::store_f16(static_cast<uint16_t*>(base) + i, x);
+    }
+  }
+}
+
+constexpr size_t element_bytes(int dtype) { return dtype == ZF_DTYPE_F32 ? 4 : 2; }
+
+// The step scalars broadcast once per call.
+template <class Isa>
+struct AdamVectorScalars {
+  using F32 = typename Isa::F32;
+  F32 grad_scale, l2, decay_factor, lerp_coeff, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+  bool apply_l2, lerp_from_grad;
+  explicit AdamVectorScalars(const zf::simd::AdamStepArgs& a)
+      : grad_scale(Isa::set1(a.grad_scale)),
+        l2(Isa::set1(a.scalars.l2)),
+        decay_factor(Isa::set1(a.scalars.decay_factor)),
+        lerp_coeff(Isa::set1(a.scalars.lerp_coeff)),
+        beta2(Isa::set1(a.scalars.beta2)),
+        one_minus_beta2(Isa::set1(a.scalars.one_minus_beta2)),
+        bc2_sqrt(Isa::set1(a.scalars.bc2_sqrt)),
+        eps(Isa::set1(a.scalars.eps)),
+        neg_step_size(Isa::set1(a.scalars.neg_step_size)),
+        apply_l2(a.scalars.apply_l2),
+        lerp_from_grad(a.scalars.lerp_from_grad) {}
+};
+
+// kLanes elements starting at element i of every buffer of `a`.
+template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut = false>
+void adam_vector_at(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& s, int64_t i) {
+  using F32 = typename Isa::F32;
+  F32 grad = Isa::mul(load_as_f32<Isa, kGrad>(a.grad, i), s.grad_scale);
+  if constexpr (kZeroGrad) store_from_f32<Isa, kGrad>(a.grad, i, Isa::set1(0.0f));
+  F32 param = Isa::load_f32(a.param + i);
+  F32 exp_avg = Isa::load_f32(a.exp_avg + i);
+  F32 exp_avg_sq = Isa::load_f32(a.exp_avg_sq + i);
+  if (s.apply_l2) grad = Isa::fma(param, s.l2, grad);
+  param = Isa::mul(param, s.decay_factor);
+  exp_avg = Isa::fma(s.lerp_coeff, Isa::sub(grad, exp_avg), s.lerp_from_grad ? grad : exp_avg);
+  exp_avg_sq = Isa::fma(Isa::mul(s.one_minus_beta2, grad), grad, Isa::mul(exp_avg_sq, s.beta2));
+  const F32 denom = Isa::add(Isa::div(Isa::sqrt(exp_avg_sq), s.bc2_sqrt), s.eps);
+  param = Isa::add(param, Isa::div(Isa::mul(s.neg_step_size, exp_avg), denom));
+  Isa::store_f32(a.exp_avg + i, exp_avg);
+  Isa::store_f32(a.exp_avg_sq + i, exp_avg_sq);
+  Isa::store_f32(a.param + i, param);
+  if constexpr (kOut != kNoOutput) store_from_f32<Isa, kOut, kStreamOut>(a.out, i, param);
+}
+
+// `rest` < kLanes elements starting at element i, through the vector body on zero-padded
+// copies: the same arithmetic as a full vector.
+template <class Isa, int kGrad, int kOut, bool kZeroGrad>
+void adam_padded(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& s, int64_t i, size_t rest) {
+  alignas(64) float param[Isa::kLanes] = {};
+  alignas(64) float exp_avg[Isa::kLanes] = {};
+  alignas(64) float exp_avg_sq[Isa::kLanes] = {};
+  alignas(64) unsigned char grad[Isa::kLanes * 4] = {};
+  alignas(64) unsigned char out[Isa::kLanes * 4] = {};
+  constexpr size_t grad_bytes = element_bytes(kGrad);
+  std::memcpy(param, a.param + i, rest * sizeof(float));
+  std::memcpy(exp_avg, a.exp_avg + i, rest * sizeof(float));
+  std::memcpy(exp_avg_sq, a.exp_avg_sq + i, rest * sizeof(float));
+  std::memcpy(grad, static_cast<const unsigned char*>(a.grad) + i * grad_bytes, rest * grad_bytes);
+  zf::simd::AdamStepArgs padded = a;
+  padded.param = param;
+  padded.exp_avg = exp_avg;
+  padded.exp_avg_sq = exp_avg_sq;
+  padded.grad = grad;
+  padded.out = out;
+  adam_vector_at<Isa, kGrad, kOut, kZeroGrad>(padded, s, 0);
+  std::memcpy(a.param + i, param, rest * sizeof(float));
+  std::memcpy(a.exp_avg + i, exp_avg, rest * sizeof(float));
+  std::memcpy(a.exp_avg_sq + i, exp_avg_sq, rest * sizeof(float));
+  if constexpr (kZeroGrad) std::memcpy(static_cast<unsigned char*>(a.grad) + i * grad_bytes, grad, rest * grad_bytes);
+  if constexpr (kOut != kNoOutput) {
+    constexpr size_t out_bytes = element_bytes(kOut);
+    std::memcpy(static_cast<unsigned char*>(a.out) + i * out_bytes, out, rest * out_bytes);
+  }
+}
+
+// kStreamOut: the 16-bit output copy goes out with non-temporal stores. It is written once
+// and read next by the upload (a DMA), so fetching its lines first (the read-for-ownership
+// of a normal store) would be wasted traffic. A head of elements aligns the output.
+template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut>
+void adam_step_typed(const zf::simd::AdamStepArgs& a, int64_t count) {
+  const AdamVectorScalars<Isa> s(a);
+  int64_t i = 0;
+  if constexpr (kStreamOut) {
+    constexpr int64_t alignment_elements = Isa::kStream16Alignment / 2;
+    const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.out) % Isa::kStream16Alignment) / 2;
+    const int64_t head = misaligned == 0 ? 0 : std::min(count, alignment_elements - misaligned);
+    if (head > 0) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, 0, static_cast<size_t>(head));
+    i = head;
+  }
+  for (; i + Isa::kLanes <= count; i += Isa::kLanes) adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut>(a, s, i);
+  if (i < count) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, i, static_cast<size_t>(count - i));
+  if constexpr (kStreamOut) Isa::stream_fence();
+}
+
+template <class Isa, int kGrad, int kOut, bool kStreamOut>
+void adam_step_zero_grad_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (a.zero_grad) {
+    adam_step_typed<Isa, kGrad, kOut, true, kStreamOut>(a, count);
+  } else {
+    adam_step_typed<Isa, kGrad, kOut, false, kStreamOut>(a, count);
+  }
+}
+
+template <class Isa, int kGrad, int kOut>
+void adam_step_stream_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (a.stream_out) {
+    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, true>(a, count);
+  } else {
+    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, false>(a, count);
+  }
+}
+
+template <class Isa, int kGrad>
+void adam_step_output_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (a.out == nullptr) return adam_step_zero_grad_dispatch<Isa, kGrad, kNoOutput, false>(a, count);
+  switch (a.out_dtype) {
+    case ZF_DTYPE_F32:
+      return adam_step_zero_grad_dispatch<Isa, kGrad, ZF_DTYPE_F32, false>(a, count);
+    case ZF_DTYPE_BF16:
+      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_BF16>(a, count);
+    default:
+      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_F16>(a, count);
+  }
+}
+
+// The op layer has validated the dtypes: f32, bf16 or f16 only.
+template <class Isa>
+void adam_step(const zf::simd::AdamStepArgs& a, int64_t count) {
+  switch (a.grad_dtype) {
+    case ZF_DTYPE_F32:
+      return adam_step_output_dispatch<Isa, ZF_DTYPE_F32>(a, count);
+    case ZF_DTYPE_BF16:
+      return adam_step_output_dispatch<Isa, ZF_DTYPE_BF16>(a, count);
+    default:
+      return adam_step_output_dispatch<Isa, ZF_DTYPE_F16>(a, count);
+  }
+}
+
+template <class Isa, int kDtype>
+void accumulate_typed(float* acc, const void* x, int64_t count, float scale) {
+  const typename Isa::F32 factor = Isa::set1(scale);
+  int64_t i = 0;
+  for (; i + Isa::kLanes <= count; i += Isa::kLanes) {
+    Isa::store_f32(acc + i, Isa::fma(load_as_f32<Isa, kDtype>(x, i), factor, Isa::load_f32(acc + i)));
+  }
+  if (i == count) return;
+  const size_t rest = static_cast<size_t>(count - i);
+  constexpr size_t x_bytes = element_bytes(kDtype);
+  alignas(64) float padded_acc[Isa::kLanes] = {};
+  alignas(64) unsigned char padded_x[Isa::kLanes * 4] = {};
+  std::memcpy(padded_acc, acc + i, rest * sizeof(float));
+  std::memcpy(padded_x, static_cast<const unsigned char*>(x) + i * x_bytes, rest * x_bytes);
+  Isa::store_f32(padded_acc, Isa::fma(load_as_f32<Isa, kDtype>(padded_x, 0), factor, Isa::load_f32(padded_acc)));
+  std::memcpy(acc + i, padded_acc, rest * sizeof(float));
+}
+
+template <class Isa>
+void accumulate(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale) {
+  switch (x_dtype) {
+    case ZF_DTYPE_F32:
+      return accumulate_typed<Isa, ZF_DTYPE_F32>(acc, x, count, scale);
+    case ZF_DTYPE_BF16:
+      return accumulate_typed<Isa, ZF_DTYPE_BF16>(acc, x, count, scale);
+    default:
+      return accumulate_typed<Isa, ZF_DTYPE_F16>(acc, x, count, scale);
+  }
+}
+
+}  // namespace

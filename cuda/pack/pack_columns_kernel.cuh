@@ -1,0 +1,231 @@
+// Pack (row-major matrices -> column-major staging buffer) and scatter (the inverse) of
+// the unselected columns, and the device side of a selection change.
+//
+// Pack/scatter are transposes restricted to the unselected columns: a block takes 32
+// consecutive unselected columns of one matrix and a chunk of rows, and moves 32 x 32
+// tiles through shared memory, so that the matrix side is read/written along rows (lanes
+// over columns: the sectors holding them) and the packed side along columns (lanes over
+// rows: contiguous runs). Lane l finds its matrix column once with unselected_column()
+// (cpp/src/common/column_index.hpp, shared with the host twin).
+#pragma once
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "common/column_index.hpp"
+
+namespace zf {
+namespace cuda {
+
+constexpr int kPackTile = 32;
+constexpr int kPackRowWarps = 8;
+constexpr int kPackThreads = kPackTile * kPackRowWarps;
+constexpr int64_t kPackChunkRows = 256;
+constexpr int kPackMaxMatricesPerLaunch = 256;  // by-value table of 14 KiB
+
+struct PackMatrix {
+  void* matrix;
+  const int32_t* selected;  // nullptr: nothing selected
+  int64_t rows;
+  int64_t packed_offset;  // first packed element of this matrix
+  int64_t first_tile;     // first block of this matrix within the launch
+  int32_t cols;
+  int32_t k;
+  int32_t dtype;
+  int32_t row_chunks;
+};
+
+struct PackLaunchTable {
+  PackMatrix matrices[kPackMaxMatricesPerLaunch];
+  void* packed;
+  const float* scale;  // pack only; nullptr: 1
+  int32_t packed_dtype;
+  int32_t count;
+};
+
+template <class Entry>
+__device__ __forceinline__ int find_entry(const Entry* entries, int count, int64_t block) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (entries[mid].first_tile <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// kToPacked: pack; otherwise scatter. A template parameter so each loop body is branch-free.
+template <bool kToPacked>
+__global__ void __launch_bounds__(kPackThreads) pack_columns_kernel(const PackLaunchTable table) {
+  __shared__ float tile[kPackTile][kPackTile + 1];  // +1: column reads hit 32 banks
+  const PackMatrix mat = table.matrices[find_entry(table.matrices, table.count, blockIdx.x)];
+  const int64_t local = static_cast<int64_t>(blockIdx.x) - mat.first_tile;
+  const int64_t column_tile = local / mat.row_chunks;
+  const int64_t chunk = local % mat.row_chunks;
+  const int64_t unselected = static_cast<int64_t>(mat.cols) - mat.k;
+  const int lane = threadIdx.x % kPackTile, warp = threadIdx.x / kPackTile;
+  const int64_t first = column_tile * kPackTile;
+
+  // This lane's column on the matrix side (-1: past the end, or a bad index list).
+  int64_t column = -1;
+  if (first + lane < unselected) {
+    column = unselected_column(mat.selected, mat.k, first + lane);
+    if (column >= mat.cols) column = -1;
+  }
+  const float scale = (kToPacked && table.scale != nullptr) ? *table.scale : 1.0f;
+  const int64_t row_begin = chunk * kPackChunkRows;
+  const int64_t row_end = min(mat.rows, row_begin + kPackChunkRows);
+
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kPackTile) {
+    if (kToPacked) {
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int row = warp + i * kPackRowWarps;
+        const int64_t r = r0 + row;
+        float value = 0.0f;
+        if (r < row_end && column >= 0) {
+          value = load_as_float(mat.matrix, mat.dtype, row_major_index(mat.cols, r, column)) * scale;
+        }
+        tile[row][lane] = value;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int j = warp + i * kPackRowWarps;
+        const int64_t r = r0 + lane;
+        if (first + j < unselected && r < row_end) {
+          store_from_float(table.packed, table.packed_dtype, packed_index(mat.packed_offset, mat.rows, first + j, r),
+                           tile[lane][j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int j = warp + i * kPackRowWarps;
+        const int64_t r = r0 + lane;
+        if (first + j < unselected && r < row_end) {
+          tile[lane][j] =
+              load_as_float(table.packed, table.packed_dtype, packed_index(mat.packed_offset, mat.rows, first + j, r));
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int row = warp + i * kPackRowWarps;
+        const int64_t r = r0 + row;
+        if (r < row_end && column >= 0) {
+          store_from_float(mat.matrix, mat.dtype, row_major_index(mat.cols, r, column), tile[row][lane]);
+        }
+      }
+    }
+    __syncthreads();  // the tile is refilled next iteration
+  }
+}
+
+// ---- selection exchange -------------------------------------------------------------------
+
+constexpr int kExchangeThreads = 256;
+constexpr int kExchangeColumns = 32;
+constexpr int kExchangeRowWarps = kExchangeThreads / kExchangeColumns;
+constexpr int kExchangeMaxMatricesPerLaunch = 96;  // by-value table of 19 KiB
+
+struct StatePointers {
+  float* master;  // nullptr: no master
+  float* exp_avg;
+  float* exp_avg_sq;
+  int32_t* steps;
+};
+
+struct ExchangeMatrix {
+  const int32_t* old_selected;
+  const int32_t* new_selected;
+  StatePointers old_state, new_state, entering, leaving;
+  int32_t* plan_new;  // [k_new]: q >= 0 (staying, from old position q) or -(e + 1) (e-th entering)
+  int32_t* plan_old;  // [k_old]: l >= 0 (l-th leaving) or -1 (staying)
+  int64_t rows;
+  int64_t first_tile;  // first block of this matrix in the move launch
+  int32_t k_old;
+  int32_t k_new;
+  int32_t entering_count;
+  int32_t leaving_count;
+};
+
+struct ExchangeLaunchTable {
+  ExchangeMatrix matrices[kExchangeMaxMatricesPerLaunch];
+  int32_t count;
+};
+
+// One block per matrix: ranks of the entering and leaving columns by block-wide prefix
+// sums in ascending column order.
+__global__ void __launch_bounds__(kExchangeThreads) exchange_plan_kernel(const ExchangeLaunchTable table) {
+  using BlockScan = cub::BlockScan<int, kExchangeThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  const ExchangeMatrix mat = table.matrices[blockIdx.x];
+  int running = 0;
+  for (int32_t base = 0; base < mat.k_new; base += kExchangeThreads) {
+    const int32_t p = base + threadIdx.x;
+    const int32_t q = p < mat.k_new ? find_in_sorted(mat.old_selected, mat.k_old, mat.new_selected[p]) : 0;
+    const int enters = (p < mat.k_new && q < 0) ? 1 : 0;
+    int before, total;
+    BlockScan(scan_storage).ExclusiveSum(enters, before, total);
+    if (p < mat.k_new) mat.plan_new[p] = enters ? -(running + before + 1) : q;
+    running += total;
+    __syncthreads();
+  }
+  running = 0;
+  for (int32_t base = 0; base < mat.k_old; base += kExchangeThreads) {
+    const int32_t q = base + threadIdx.x;
+    const int leaves = (q < mat.k_old && find_in_sorted(mat.new_selected, mat.k_new, mat.old_selected[q]) < 0) ? 1 : 0;
+    int before, total;
+    BlockScan(scan_storage).ExclusiveSum(leaves, before, total);
+    if (q < mat.k_old) mat.plan_old[q] = leaves ? running + before : -1;
+    running += total;
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ void copy_state_column(const StatePointers& from, int64_t from_index, int64_t from_stride,
+                                                  const StatePointers& to, int64_t to_index, int64_t to_stride,
+                                                  int64_t rows, int warp) {
+  const bool master = from.master != nullptr && to.master != nullptr;
+  for (int64_t r = warp; r < rows; r += kExchangeRowWarps) {
+    if (master) to.master[to_index + r * to_stride] = from.master[from_index + r * from_stride];
+    to.exp_avg[to_index + r * to_stride] = from.exp_avg[from_index + r * from_stride];
+    to.exp_avg_sq[to_index + r * to_stride] = from.exp_avg_sq[from_index + r * from_stride];
+  }
+}
+
+// A block owns 32 positions of one matrix: new positions p (filled from the old state or the
+// entering buffer) and old positions q with the same numbers (copied out when leaving).
+__global__ void __launch_bounds__(kExchangeThreads) exchange_move_kernel(const ExchangeLaunchTable table) {
+  const ExchangeMatrix mat = table.matrices[find_entry(table.matrices, table.count, blockIdx.x)];
+  const int lane = threadIdx.x % kExchangeColumns, warp = threadIdx.x / kExchangeColumns;
+  const int32_t position =
+      static_cast<int32_t>((static_cast<int64_t>(blockIdx.x) - mat.first_tile) * kExchangeColumns + lane);
+  if (position < mat.k_new) {
+    const int32_t source = mat.plan_new[position];
+    if (source >= 0) {
+      copy_state_column(mat.old_state, source, mat.k_old, mat.new_state, position, mat.k_new, mat.rows, warp);
+      if (warp == 0) mat.new_state.steps[position] = mat.old_state.steps[source];
+    } else if (-source - 1 < mat.entering_count) {
+      const int64_t e = -source - 1;
+      copy_state_column(mat.entering, packed_index(0, mat.rows, e, 0), 1, mat.new_state, position, mat.k_new, mat.rows,
+                        warp);
+      if (warp == 0) mat.new_state.steps[position] = mat.entering.steps[e];
+    }
+  }
+  if (position < mat.k_old) {
+    const int32_t l = mat.plan_old[position];
+    if (l >= 0 && l < mat.leaving_count) {
+      copy_state_column(mat.old_state, position, mat.k_old, mat.leaving, packed_index(0, mat.rows, l, 0), 1, mat.rows,
+                        warp);
+      if (warp == 0) mat.leaving.steps[l] = mat.old_state.steps[position];
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace zf

@@ -1,0 +1,259 @@
+// zf_adamw_selected_columns on the host: against a float64 AdamW reference on every dtype
+// pair, prime/1xN/Nx1/empty shapes, with and without master weights, per-column step
+// counts, a gradient scale and the noop flag; dense mode; bad input writes nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <tuple>
+
+#include "test_util.hpp"
+
+namespace {
+
+using zf_test::HostMatrix;
+
+std::vector<int32_t> random_selection(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) all[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+struct Case {
+  HostMatrix param, grad;
+  std::vector<int32_t> selected;
+  std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<int32_t> steps;
+  double lr, weight_decay;
+  zf_column_state state() {
+    zf_column_state s{};
+    const int64_t k = static_cast<int64_t>(steps.size());
+    s.master = zenflow::contiguous_tensor(master.empty() ? nullptr : master.data(), ZF_DTYPE_F32,
+                                          {master.empty() ? 0 : param.rows, master.empty() ? 0 : k});
+    s.exp_avg = zenflow::contiguous_tensor(exp_avg.data(), ZF_DTYPE_F32, {param.rows, k});
+    s.exp_avg_sq = zenflow::contiguous_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, {param.rows, k});
+    s.steps = zenflow::contiguous_tensor(steps.data(), ZF_DTYPE_I32, {k});
+    return s;
+  }
+};
+
+Case make_case(zf_dtype param_dtype, zf_dtype grad_dtype, int64_t rows, int64_t cols, int64_t k, bool master,
+               std::mt19937_64& rng) {
+  Case c{zf_test::random_matrix(param_dtype, rows, cols, rng),
+         zf_test::random_matrix(grad_dtype, rows, cols, rng, 0.1)};
+  c.selected = random_selection(cols, k, rng);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const size_t slots = static_cast<size_t>(rows * k);
+  c.exp_avg.resize(slots);
+  c.exp_avg_sq.resize(slots);
+  for (size_t s = 0; s < slots; ++s) {
+    c.exp_avg[s] = 0.02f * (uniform(rng) - 0.5f);
+    c.exp_avg_sq[s] = 1e-4f * uniform(rng);
+  }
+  if (master) {
+    c.master.resize(slots);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        // The master is the exact value, the weight its rounding: offset it a little.
+        c.master[static_cast<size_t>(r * k + j)] =
+            static_cast<float>(c.param.values[static_cast<size_t>(r * cols + c.selected[static_cast<size_t>(j)])]) +
+            1e-4f * (uniform(rng) - 0.5f);
+      }
+    }
+  }
+  std::uniform_int_distribution<int32_t> step(0, 6);
+  c.steps.resize(static_cast<size_t>(k));
+  for (auto& s : c.steps) s = step(rng);
+  c.lr = 1e-3 * (1.0 + uniform(rng));
+  c.weight_decay = 0.01 * uniform(rng);
+  return c;
+}
+
+// float64 AdamW (torch.optim.AdamW's formula).
+struct RefElement {
+  double param, exp_avg, exp_avg_sq;
+};
+RefElement reference_adamw(double p, double m, double v, double g, int64_t step, double lr, double wd,
+                           const zf_adamw_options& o) {
+  p *= 1.0 - lr * wd;
+  m = o.beta1 * m + (1.0 - o.beta1) * g;
+  v = o.beta2 * v + (1.0 - o.beta2) * g * g;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(step));
+  p -= lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + o.eps);
+  return {p, m, v};
+}
+
+double ulp_of(zf_dtype dtype, double value) {
+  const int bits = dtype == ZF_DTYPE_F32 ? 24 : (dtype == ZF_DTYPE_BF16 ? 8 : 11);
+  const double magnitude = std::max(std::fabs(value), dtype == ZF_DTYPE_F16 ? 6.1e-5 : 1e-30);
+  return std::ldexp(1.0, std::ilogb(magnitude) - (bits - 1));
+}
+
+void expect_matches_reference(const Case& before, const Case& after, float scale, const zf_adamw_options& o,
+                              bool dense) {
+  const int64_t rows = before.param.rows, cols = before.param.cols;
+  const int64_t k = static_cast<int64_t>(before.steps.size());
+  std::vector<bool> is_selected(static_cast<size_t>(cols), dense);
+  for (int32_t j : before.selected) is_selected[static_cast<size_t>(j)] = true;
+  for (int64_t c = 0; c < k; ++c) {
+    const int64_t column = dense ? c : before.selected[static_cast<size_t>(c)];
+    const int64_t step = int64_t{before.steps[static_cast<size_t>(c)]} + 1;
+    ASSERT_EQ(after.steps[static_cast<size_t>(c)], step);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t element = static_cast<size_t>(r * cols + column), slot = static_cast<size_t>(r * k + c);
+      const double p0 = before.master.empty() ? before.param.values[element] : before.master[slot];
+      const double g = before.grad.values[element] * static_cast<double>(scale);
+      const RefElement ref = reference_adamw(p0, before.exp_avg[slot], before.exp_avg_sq[slot], g, step, before.lr,
+                                             before.weight_decay, o);
+      // fp32 arithmetic in a different association than the reference: a few ulps.
+      // m = m + (1 - beta1) * (g - m) cancels: its error scales with the inputs, not the result.
+      const double m_scale = std::max({std::fabs(ref.exp_avg), std::fabs(double{before.exp_avg[slot]}), std::fabs(g)});
+      ASSERT_NEAR(after.exp_avg[slot], ref.exp_avg, 4 * ulp_of(ZF_DTYPE_F32, m_scale) + 1e-30)
+          << "r=" << r << " c=" << c;
+      ASSERT_NEAR(after.exp_avg_sq[slot], ref.exp_avg_sq, 4 * ulp_of(ZF_DTYPE_F32, ref.exp_avg_sq) + 1e-30);
+      // The update is about lr in size; its fp32 error is a few ulps of the parameter plus
+      // a relative error of the step.
+      const double tolerance = 8 * ulp_of(ZF_DTYPE_F32, ref.param) + 1e-5 * before.lr;
+      if (!before.master.empty()) ASSERT_NEAR(after.master[slot], ref.param, tolerance);
+      const double stored = after.param.dtype == ZF_DTYPE_F32    ? after.param.f32[element]
+                            : after.param.dtype == ZF_DTYPE_BF16 ? zf::bf16_to_f32(after.param.half[element])
+                                                                 : zf::f16_to_f32(after.param.half[element]);
+      ASSERT_NEAR(stored, ref.param, ulp_of(after.param.dtype, ref.param) * 0.5 + tolerance)
+          << "r=" << r << " column=" << column << " " << zf_dtype_name(after.param.dtype);
+    }
+  }
+  // Unselected columns are untouched, bit for bit.
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      if (is_selected[static_cast<size_t>(j)]) continue;
+      const size_t e = static_cast<size_t>(r * cols + j);
+      if (before.param.dtype == ZF_DTYPE_F32) {
+        ASSERT_EQ(zf::f32_bits(after.param.f32[e]), zf::f32_bits(before.param.f32[e]));
+      } else {
+        ASSERT_EQ(after.param.half[e], before.param.half[e]);
+      }
+    }
+  }
+}
+
+const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {{1, 1, 1},  {1, 4099, 409}, {4099, 1, 1},
+                                                                    {7, 13, 3}, {31, 17, 17},   {97, 263, 26},
+                                                                    {5, 40, 0}, {0, 12, 4},     {3, 0, 0}};
+
+class AdamwSelectedSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, zf_dtype, bool>> {};
+
+TEST_P(AdamwSelectedSweep, MatchesFloat64Reference) {
+  const auto [param_dtype, grad_dtype, master] = GetParam();
+  std::mt19937_64 rng(99 + param_dtype * 5 + grad_dtype + (master ? 100 : 0));
+  const zf_adamw_options options{0.9, 0.999, 1e-8};
+  for (const float scale : {1.0f, 0.37f}) {
+    std::vector<Case> cases, before;
+    for (const auto& [rows, cols, k] : kShapes)
+      cases.push_back(make_case(param_dtype, grad_dtype, rows, cols, k, master, rng));
+    before = cases;
+    std::vector<zf_tensor> params, grads, selected;
+    std::vector<zf_column_state> states;
+    std::vector<double> lr, wd;
+    for (auto& c : cases) {
+      params.push_back(c.param.tensor());
+      grads.push_back(c.grad.tensor());
+      selected.push_back(zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {int64_t(c.selected.size())}));
+      states.push_back(c.state());
+      lr.push_back(c.lr);
+      wd.push_back(c.weight_decay);
+    }
+    float scale_value = scale;
+    const zf_tensor scale_t = zenflow::contiguous_tensor(&scale_value, ZF_DTYPE_F32, {});
+    int32_t noop = 0;
+    const zf_tensor noop_t = zenflow::contiguous_tensor(&noop, ZF_DTYPE_I32, {1});
+    zenflow::adamw_selected_columns(params, grads, selected, states, lr, wd, options, &scale_t, &noop_t);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE("case " + std::to_string(i));
+      expect_matches_reference(before[i], cases[i], scale, options, false);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AdamwSelectedSweep,
+                         ::testing::Combine(::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16),
+                                            ::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16),
+                                            ::testing::Bool()));
+
+TEST(AdamwSelected, DenseModeUpdatesEveryColumnAndOneDimensionalParams) {
+  std::mt19937_64 rng(5);
+  const zf_adamw_options options{0.8, 0.99, 1e-6};
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 37}, {19, 23}}) {
+    Case c = make_case(ZF_DTYPE_F32, ZF_DTYPE_F32, rows, cols, cols, false, rng);
+    const Case before = c;
+    zf_tensor param = c.param.tensor();
+    if (rows == 1) {  // a bias: 1-D [n]
+      param.ndim = 1;
+      param.shape[0] = cols;
+      param.strides[0] = 1;
+    }
+    zenflow::adamw_selected_columns({param}, {c.grad.tensor()}, {}, {c.state()}, {c.lr}, {c.weight_decay}, options);
+    expect_matches_reference(before, c, 1.0f, options, true);
+  }
+}
+
+TEST(AdamwSelected, NoopFlagChangesNothing) {
+  std::mt19937_64 rng(6);
+  Case c = make_case(ZF_DTYPE_BF16, ZF_DTYPE_BF16, 9, 31, 7, true, rng);
+  const Case before = c;
+  int32_t noop = 1;
+  const zf_tensor noop_t = zenflow::contiguous_tensor(&noop, ZF_DTYPE_I32, {});
+  const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {7});
+  zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, {sel}, {c.state()}, {c.lr}, {0.0},
+                                  zenflow::default_adamw_options(), nullptr, &noop_t);
+  EXPECT_EQ(c.param.half, before.param.half);
+  EXPECT_EQ(c.master, before.master);
+  EXPECT_EQ(c.exp_avg, before.exp_avg);
+  EXPECT_EQ(c.steps, before.steps);
+}
+
+TEST(AdamwSelected, BadInputFailsAndWritesNothing) {
+  std::mt19937_64 rng(7);
+  Case c = make_case(ZF_DTYPE_F32, ZF_DTYPE_F32, 4, 10, 3, false, rng);
+  const Case before = c;
+  c.selected = {5, 2, 7};  // not ascending
+  zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {3});
+  zf_tensor param = c.param.tensor(), grad = c.grad.tensor();
+  zf_column_state state = c.state();
+  const double lr = 1e-3, wd = 0.0;
+  const zf_adamw_options o = zenflow::default_adamw_options();
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("ascending"), std::string::npos) << zf_last_error();
+  c.selected = {2, 5, 10};  // out of range
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  c.selected = {2, 5, 7};
+  state.exp_avg.shape[1] = 2;  // wrong state size
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("state[0].exp_avg"), std::string::npos) << zf_last_error();
+  state = c.state();
+  state.exp_avg.dtype = ZF_DTYPE_BF16;
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_TYPE);
+  state = c.state();
+  grad.shape[1] = 9;
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  grad = c.grad.tensor();
+  zf_adamw_options bad = o;
+  bad.beta2 = 1.0;
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, bad, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(c.param.f32, before.param.f32);
+  EXPECT_EQ(c.exp_avg, before.exp_avg);
+  EXPECT_EQ(c.steps, before.steps);
+}
+
+}  // namespace

@@ -1,0 +1,300 @@
+// zf_pack_columns, zf_scatter_columns and zf_exchange_selected_columns on the host:
+// exact references on every dtype pair and prime/1xN/Nx1/empty shapes, poisoned outputs,
+// a pack/scatter round trip, thread-count independence, and bad input writing nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <tuple>
+
+#include "common/column_index.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using zf_test::HostMatrix;
+
+std::vector<int32_t> random_selection(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) all[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+std::vector<int64_t> complement(const std::vector<int32_t>& selected, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!std::binary_search(selected.begin(), selected.end(), static_cast<int32_t>(j))) out.push_back(j);
+  }
+  return out;
+}
+
+// Typed storage for a packed buffer, poisoned with NaN so unwritten elements show up.
+struct Packed {
+  zf_dtype dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  Packed(zf_dtype d, int64_t n) : dtype(d) {
+    if (d == ZF_DTYPE_F32) f32.assign(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+    if (d != ZF_DTYPE_F32) half.assign(static_cast<size_t>(n), 0x7e01);  // NaN in bf16 and f16
+  }
+  zf_tensor tensor() {
+    const int64_t n = static_cast<int64_t>(dtype == ZF_DTYPE_F32 ? f32.size() : half.size());
+    return zenflow::contiguous_tensor(dtype == ZF_DTYPE_F32 ? static_cast<void*>(f32.data()) : half.data(), dtype, {n});
+  }
+  float get(int64_t i) const {
+    return zf::load_as_float(dtype == ZF_DTYPE_F32 ? static_cast<const void*>(f32.data()) : half.data(), dtype, i);
+  }
+};
+
+float round_to(zf_dtype dtype, double value) {
+  const float f = static_cast<float>(value);
+  if (dtype == ZF_DTYPE_BF16) return zf::bf16_to_f32(zf::f32_to_bf16(f));
+  if (dtype == ZF_DTYPE_F16) return zf::f16_to_f32(zf::f32_to_f16(f));
+  return f;
+}
+
+TEST(UnselectedColumn, MatchesTheComplementList) {
+  std::mt19937_64 rng(3);
+  for (int64_t n : {1, 2, 17, 300}) {
+    for (int64_t k : {int64_t{0}, int64_t{1}, n / 3, n - 1, n}) {
+      if (k < 0) continue;
+      const auto sel = random_selection(n, k, rng);
+      const auto rest = complement(sel, n);
+      for (size_t j = 0; j < rest.size(); ++j) {
+        ASSERT_EQ(zf::unselected_column(sel.data(), static_cast<int32_t>(k), static_cast<int64_t>(j)), rest[j]);
+      }
+    }
+  }
+}
+
+const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {{1, 1, 0},    {1, 4099, 409}, {4099, 1, 0},
+                                                                    {4099, 1, 1}, {7, 13, 3},     {97, 263, 26},
+                                                                    {33, 64, 64}, {0, 9, 2},      {3, 0, 0}};
+
+class PackSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, zf_dtype>> {};
+
+TEST_P(PackSweep, PackMatchesReferenceAndScatterInvertsIt) {
+  const auto [matrix_dtype, packed_dtype] = GetParam();
+  std::mt19937_64 rng(11 + matrix_dtype * 3 + packed_dtype);
+  std::vector<HostMatrix> grads;
+  std::vector<std::vector<int32_t>> sels;
+  std::vector<zf_tensor> grad_t, sel_t;
+  int64_t total = 0;
+  for (const auto& [rows, cols, k] : kShapes) {
+    grads.push_back(zf_test::random_matrix(matrix_dtype, rows, cols, rng));
+    sels.push_back(random_selection(cols, k, rng));
+    total += rows * (cols - k);
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    grad_t.push_back(grads[i].tensor());
+    sel_t.push_back(zenflow::contiguous_tensor(sels[i].data(), ZF_DTYPE_I32, {int64_t(sels[i].size())}));
+  }
+  for (const float scale : {1.0f, 0.25f, 0.3f}) {
+    Packed packed(packed_dtype, total);
+    float scale_value = scale;
+    const zf_tensor scale_t = zenflow::contiguous_tensor(&scale_value, ZF_DTYPE_F32, {1});
+    zenflow::pack_columns(grad_t, sel_t, packed.tensor(), scale == 1.0f ? nullptr : &scale_t);
+    int64_t offset = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const auto rest = complement(sels[i], grads[i].cols);
+      for (size_t j = 0; j < rest.size(); ++j) {
+        for (int64_t r = 0; r < grads[i].rows; ++r) {
+          // One fp32 product, one rounding to the packed dtype.
+          const float expected =
+              round_to(packed_dtype, static_cast<float>(grads[i].values[r * grads[i].cols + rest[j]]) * scale);
+          const float got = packed.get(offset + static_cast<int64_t>(j) * grads[i].rows + r);
+          ASSERT_EQ(zf::f32_bits(got), zf::f32_bits(expected)) << "matrix " << i << " j=" << j << " r=" << r;
+        }
+      }
+      offset += grads[i].rows * static_cast<int64_t>(rest.size());
+    }
+    ASSERT_EQ(offset, total);
+  }
+
+  // Round trip: scatter the unscaled pack into copies whose unselected columns are
+  // poisoned; selected columns must stay as they were.
+  Packed packed(packed_dtype, total);
+  zenflow::pack_columns(grad_t, sel_t, packed.tensor());
+  std::vector<HostMatrix> params = grads;
+  std::vector<zf_tensor> param_t;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (int64_t j : complement(sels[i], params[i].cols)) {
+      for (int64_t r = 0; r < params[i].rows; ++r) params[i].set(r * params[i].cols + j, 12345.0f);
+    }
+    param_t.push_back(params[i].tensor());
+  }
+  zenflow::scatter_columns(packed.tensor(), param_t, sel_t);
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (int64_t e = 0; e < params[i].rows * params[i].cols; ++e) {
+      const float original = static_cast<float>(grads[i].values[e]);
+      const bool moved = !std::binary_search(sels[i].begin(), sels[i].end(), static_cast<int32_t>(e % params[i].cols));
+      const float expected = moved ? round_to(matrix_dtype, round_to(packed_dtype, original)) : original;
+      const float got = zf::load_as_float(params[i].data(), matrix_dtype, e);
+      ASSERT_EQ(zf::f32_bits(got), zf::f32_bits(expected)) << "matrix " << i << " element " << e;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PackSweep,
+                         ::testing::Combine(::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16),
+                                            ::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16)));
+
+TEST(Pack, NoSelectionPacksEverythingOnEveryThreadCount) {
+  std::mt19937_64 rng(12);
+  HostMatrix g = zf_test::random_matrix(ZF_DTYPE_BF16, 301, 131, rng);
+  Packed reference(ZF_DTYPE_BF16, 301 * 131);
+  zenflow::pack_columns({g.tensor()}, {}, reference.tensor());
+  for (int64_t j = 0; j < 131; ++j) {
+    for (int64_t r = 0; r < 301; ++r) ASSERT_EQ(reference.half[j * 301 + r], g.half[r * 131 + j]);
+  }
+  for (int threads : {1, 2, 5}) {
+    zenflow::ScopedNumThreads pool(threads);
+    Packed again(ZF_DTYPE_BF16, 301 * 131);
+    zenflow::pack_columns({g.tensor()}, {}, again.tensor());
+    EXPECT_EQ(again.half, reference.half);
+  }
+}
+
+TEST(Pack, BadInputFailsAndWritesNothing) {
+  std::mt19937_64 rng(13);
+  HostMatrix g = zf_test::random_matrix(ZF_DTYPE_F32, 4, 6, rng);
+  std::vector<int32_t> sel{1, 3};
+  Packed packed(ZF_DTYPE_F32, 4 * 4);
+  zf_tensor grad = g.tensor(), sel_t = zenflow::contiguous_tensor(sel.data(), ZF_DTYPE_I32, {2});
+  zf_tensor packed_t = packed.tensor();
+  packed_t.shape[0] = 15;
+  EXPECT_EQ(zf_pack_columns(&grad, &sel_t, 1, &packed_t, nullptr, nullptr), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("packed"), std::string::npos);
+  packed_t.shape[0] = 16;
+  sel = {3, 1};
+  EXPECT_EQ(zf_pack_columns(&grad, &sel_t, 1, &packed_t, nullptr, nullptr), ZF_ERROR_INVALID_VALUE);
+  sel = {1, 6};
+  EXPECT_EQ(zf_scatter_columns(&packed_t, &grad, &sel_t, 1, nullptr), ZF_ERROR_INVALID_VALUE);
+  sel = {1, 3};
+  packed_t.dtype = ZF_DTYPE_I32;
+  EXPECT_EQ(zf_pack_columns(&grad, &sel_t, 1, &packed_t, nullptr, nullptr), ZF_ERROR_INVALID_TYPE);
+  for (float v : packed.f32) EXPECT_TRUE(std::isnan(v));
+}
+
+// ---- exchange ---------------------------------------------------------------------------
+
+struct StateStore {
+  int64_t rows, columns;
+  bool host_layout;  // [columns, rows] instead of [rows, columns]
+  std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<int32_t> steps;
+  StateStore(int64_t r, int64_t c, bool host, bool with_master, float fill) : rows(r), columns(c), host_layout(host) {
+    const size_t n = static_cast<size_t>(r * c);
+    if (with_master) master.assign(n, fill);
+    exp_avg.assign(n, fill);
+    exp_avg_sq.assign(n, fill);
+    steps.assign(static_cast<size_t>(c), -77);
+  }
+  void randomize(std::mt19937_64& rng) {
+    std::normal_distribution<float> normal;
+    for (auto& x : master) x = normal(rng);
+    for (auto& x : exp_avg) x = normal(rng);
+    for (auto& x : exp_avg_sq) x = std::fabs(normal(rng));
+    std::uniform_int_distribution<int32_t> step(0, 1000);
+    for (auto& s : steps) s = step(rng);
+  }
+  // Element r of column c.
+  size_t at(int64_t r, int64_t c) const { return static_cast<size_t>(host_layout ? c * rows + r : r * columns + c); }
+  zf_column_state view() {
+    const std::vector<int64_t> shape =
+        host_layout ? std::vector<int64_t>{columns, rows} : std::vector<int64_t>{rows, columns};
+    zf_column_state s{};
+    s.master = master.empty() ? zenflow::contiguous_tensor(nullptr, ZF_DTYPE_F32, {0})
+                              : zenflow::contiguous_tensor(master.data(), ZF_DTYPE_F32, shape);
+    s.exp_avg = zenflow::contiguous_tensor(exp_avg.data(), ZF_DTYPE_F32, shape);
+    s.exp_avg_sq = zenflow::contiguous_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, shape);
+    s.steps = zenflow::contiguous_tensor(steps.data(), ZF_DTYPE_I32, {columns});
+    return s;
+  }
+};
+
+void expect_same_column(const StateStore& a, int64_t ca, const StateStore& b, int64_t cb) {
+  ASSERT_EQ(a.steps[static_cast<size_t>(ca)], b.steps[static_cast<size_t>(cb)]);
+  for (int64_t r = 0; r < a.rows; ++r) {
+    if (!a.master.empty()) ASSERT_EQ(a.master[a.at(r, ca)], b.master[b.at(r, cb)]);
+    ASSERT_EQ(a.exp_avg[a.at(r, ca)], b.exp_avg[b.at(r, cb)]) << "r=" << r;
+    ASSERT_EQ(a.exp_avg_sq[a.at(r, ca)], b.exp_avg_sq[b.at(r, cb)]);
+  }
+}
+
+TEST(Exchange, MovesOnlyTheChangingColumnsExactly) {
+  std::mt19937_64 rng(21);
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> shapes = {
+      // rows, n, k_old, k_new, master
+      {5, 40, 8, 8, true}, {1, 17, 3, 5, false},  {37, 101, 10, 10, true}, {4, 9, 0, 4, true},
+      {6, 9, 4, 0, false}, {3, 12, 12, 12, true}, {0, 10, 2, 2, false}};
+  std::vector<std::vector<int32_t>> old_sel, new_sel;
+  std::vector<StateStore> old_s, new_s, in_s, out_s;
+  zenflow::ExchangeArgs args;
+  for (const auto& [rows, n, k_old, k_new, master] : shapes) {
+    old_sel.push_back(random_selection(n, k_old, rng));
+    new_sel.push_back(random_selection(n, k_new, rng));
+    int64_t staying = 0;
+    for (int32_t c : new_sel.back()) staying += std::binary_search(old_sel.back().begin(), old_sel.back().end(), c);
+    old_s.emplace_back(rows, k_old, false, master, 0.0f);
+    old_s.back().randomize(rng);
+    new_s.emplace_back(rows, k_new, false, master, std::numeric_limits<float>::quiet_NaN());
+    in_s.emplace_back(rows, k_new - staying, true, master, 0.0f);
+    in_s.back().randomize(rng);
+    out_s.emplace_back(rows, k_old - staying, true, master, std::numeric_limits<float>::quiet_NaN());
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    args.old_selected.push_back(
+        zenflow::contiguous_tensor(old_sel[i].data(), ZF_DTYPE_I32, {int64_t(old_sel[i].size())}));
+    args.new_selected.push_back(
+        zenflow::contiguous_tensor(new_sel[i].data(), ZF_DTYPE_I32, {int64_t(new_sel[i].size())}));
+    args.old_state.push_back(old_s[i].view());
+    args.new_state.push_back(new_s[i].view());
+    args.entering.push_back(in_s[i].view());
+    args.leaving.push_back(out_s[i].view());
+  }
+  EXPECT_EQ(zenflow::exchange_selected_columns_workspace_bytes(args), 0u);
+  zenflow::exchange_selected_columns(args);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE("matrix " + std::to_string(i));
+    int64_t e = 0, l = 0;
+    for (size_t p = 0; p < new_sel[i].size(); ++p) {
+      const auto it = std::lower_bound(old_sel[i].begin(), old_sel[i].end(), new_sel[i][p]);
+      if (it != old_sel[i].end() && *it == new_sel[i][p]) {
+        expect_same_column(new_s[i], static_cast<int64_t>(p), old_s[i], it - old_sel[i].begin());
+      } else {
+        expect_same_column(new_s[i], static_cast<int64_t>(p), in_s[i], e++);
+      }
+    }
+    for (size_t q = 0; q < old_sel[i].size(); ++q) {
+      if (std::binary_search(new_sel[i].begin(), new_sel[i].end(), old_sel[i][q])) continue;
+      expect_same_column(out_s[i], l++, old_s[i], static_cast<int64_t>(q));
+    }
+    EXPECT_EQ(e, in_s[i].columns);
+    EXPECT_EQ(l, out_s[i].columns);
+  }
+}
+
+TEST(Exchange, WrongBufferSizesFailAndWriteNothing) {
+  std::vector<int32_t> old_sel{1, 4, 6}, new_sel{1, 5, 6};
+  StateStore old_s(3, 3, false, true, 1.0f), new_s(3, 3, false, true, -1.0f);
+  StateStore in_s(3, 2, true, true, 2.0f), out_s(3, 1, true, true, -1.0f);  // one enters, not two
+  zenflow::ExchangeArgs args;
+  args.old_selected = {zenflow::contiguous_tensor(old_sel.data(), ZF_DTYPE_I32, {3})};
+  args.new_selected = {zenflow::contiguous_tensor(new_sel.data(), ZF_DTYPE_I32, {3})};
+  args.old_state = {old_s.view()};
+  args.new_state = {new_s.view()};
+  args.entering = {in_s.view()};
+  args.leaving = {out_s.view()};
+  EXPECT_THROW(zenflow::exchange_selected_columns(args), zenflow::Error);
+  EXPECT_NE(std::string(zf_last_error()).find("entering[0]"), std::string::npos) << zf_last_error();
+  for (float v : new_s.exp_avg) EXPECT_EQ(v, -1.0f);
+  for (float v : out_s.master) EXPECT_EQ(v, -1.0f);
+}
+
+}  // namespace
