@@ -209,6 +209,39 @@ void check_flags(uint32_t flags, uint32_t allowed) {
   require((flags & ~allowed) == 0, ZF_ERROR_INVALID_VALUE, "flags: unknown or unsupported bits ", flags & ~allowed);
 }
 
+// The five tensors of one matrix's Adam call (params, m, v, grads, optional out_params) with
+// their argument names: the dtype, shape and overlap checks both entry points share.
+struct AdamOperands {
+  const zf_tensor* tensors[5];
+  std::string names[5];
+
+  AdamOperands(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_tensor* exp_avg_sqs, const zf_tensor* grads,
+               const zf_tensor* out_params, size_t i)
+      : tensors{&params[i], &exp_avgs[i], &exp_avg_sqs[i], &grads[i], out_params ? &out_params[i] : nullptr},
+        names{arg_name("params", i), arg_name("exp_avgs", i), arg_name("exp_avg_sqs", i), arg_name("grads", i),
+              arg_name("out_params", i)} {}
+
+  // m and v are f32, grads and out_params f32/bf16/f16; check_shape(t, tensor, name) runs
+  // for every present operand t >= 1; no two operands may overlap.
+  template <class ShapeCheck>
+  void check(const ShapeCheck& check_shape) const {
+    for (int t = 1; t < 5; ++t) {
+      if (tensors[t] == nullptr) continue;
+      if (t <= 2) {
+        check_host_tensor(tensors[t], names[t], {ZF_DTYPE_F32});
+      } else {
+        check_host_tensor(tensors[t], names[t], {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
+      }
+      check_shape(t, *tensors[t], names[t]);
+    }
+    for (int a = 0; a < 5; ++a) {
+      for (int b = a + 1; b < 5; ++b) {
+        if (tensors[a] && tensors[b]) check_disjoint(*tensors[a], names[a], *tensors[b], names[b]);
+      }
+    }
+  }
+};
+
 // ---- zf_cpu_adamw_step ----
 
 void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_tensor* exp_avg_sqs,
@@ -220,27 +253,10 @@ void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_ten
   check_lists(params, exp_avgs, exp_avg_sqs, grads, count);
   require(count == 0 || steps != nullptr, ZF_ERROR_INVALID_VALUE, "steps: NULL array with count=", count);
   for (size_t i = 0; i < count; ++i) {
-    const std::string param_name = arg_name("params", i);
-    check_host_tensor(&params[i], param_name, {ZF_DTYPE_F32});
+    const AdamOperands operands(params, exp_avgs, exp_avg_sqs, grads, out_params, i);
+    check_host_tensor(&params[i], operands.names[0], {ZF_DTYPE_F32});
     const int64_t n = numel(params[i]);
-    const zf_tensor* all[] = {&params[i], &exp_avgs[i], &exp_avg_sqs[i], &grads[i],
-                              out_params ? &out_params[i] : nullptr};
-    const std::string names[] = {param_name, arg_name("exp_avgs", i), arg_name("exp_avg_sqs", i), arg_name("grads", i),
-                                 arg_name("out_params", i)};
-    for (int t = 1; t < 5; ++t) {
-      if (all[t] == nullptr) continue;
-      if (t <= 2) {
-        check_host_tensor(all[t], names[t], {ZF_DTYPE_F32});
-      } else {
-        check_host_tensor(all[t], names[t], {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
-      }
-      check_numel(*all[t], names[t], n);
-    }
-    for (int a = 0; a < 5; ++a) {
-      for (int b = a + 1; b < 5; ++b) {
-        if (all[a] && all[b]) check_disjoint(*all[a], names[a], *all[b], names[b]);
-      }
-    }
+    operands.check([n](int, const zf_tensor& t, const std::string& name) { check_numel(t, name, n); });
     require(steps[i] >= 1, ZF_ERROR_INVALID_VALUE, "steps[", i, "]: must be >= 1, got ", steps[i]);
   }
 
@@ -302,34 +318,20 @@ void adamw_step_skip_columns(const zf_tensor* params, const zf_tensor* exp_avgs,
     if (selected) selected_columns[i] = read_selected(&selected[i], arg_name("selected", i), n);
     const int64_t unselected = n - static_cast<int64_t>(selected_columns[i].size());
 
-    const zf_tensor* all[] = {&params[i], &exp_avgs[i], &exp_avg_sqs[i], &grads[i],
-                              out_params ? &out_params[i] : nullptr};
-    const std::string names[] = {param_name, arg_name("exp_avgs", i), arg_name("exp_avg_sqs", i), arg_name("grads", i),
-                                 arg_name("out_params", i)};
-    for (int t = 1; t < 5; ++t) {
-      if (all[t] == nullptr) continue;
+    const AdamOperands operands(params, exp_avgs, exp_avg_sqs, grads, out_params, i);
+    operands.check([&](int t, const zf_tensor& tensor, const std::string& name) {
+      check_ndim(tensor, name, 2);
+      const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
       if (t <= 2) {
-        check_host_tensor(all[t], names[t], {ZF_DTYPE_F32});
-      } else {
-        check_host_tensor(all[t], names[t], {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
-      }
-      check_ndim(*all[t], names[t], 2);
-      const int64_t rows = all[t]->shape[0], cols = all[t]->shape[1];
-      if (t <= 2) {
-        require(rows == n && cols == m, ZF_ERROR_INVALID_VALUE, names[t], ": has shape [", rows, ", ", cols, "] but ",
+        require(rows == n && cols == m, ZF_ERROR_INVALID_VALUE, name, ": has shape [", rows, ", ", cols, "] but ",
                 param_name, " has [", n, ", ", m, "]");
       } else {
-        require((rows == n || rows == unselected) && cols == m, ZF_ERROR_INVALID_VALUE, names[t], ": has shape [", rows,
+        require((rows == n || rows == unselected) && cols == m, ZF_ERROR_INVALID_VALUE, name, ": has shape [", rows,
                 ", ", cols, "]; expected [", n, ", ", m, "] (all columns) or [", unselected, ", ", m,
                 "] (the unselected columns, packed)");
         (t == 3 ? grad_packed : out_packed)[i] = rows != n;
       }
-    }
-    for (int a = 0; a < 5; ++a) {
-      for (int b = a + 1; b < 5; ++b) {
-        if (all[a] && all[b]) check_disjoint(*all[a], names[a], *all[b], names[b]);
-      }
-    }
+    });
     if (column_steps) {
       const std::string counts_name = arg_name("column_steps", i);
       check_host_tensor(&column_steps[i], counts_name, {ZF_DTYPE_I32, ZF_DTYPE_I64});
@@ -339,7 +341,7 @@ void adamw_step_skip_columns(const zf_tensor* params, const zf_tensor* exp_avgs,
       const int64_t max_count = column_steps[i].dtype == ZF_DTYPE_I32 ? std::numeric_limits<int32_t>::max()
                                                                       : std::numeric_limits<int64_t>::max();
       for (int t = 0; t < 5; ++t) {
-        if (all[t]) check_disjoint(column_steps[i], counts_name, *all[t], names[t]);
+        if (operands.tensors[t]) check_disjoint(column_steps[i], counts_name, *operands.tensors[t], operands.names[t]);
       }
       for_each_unselected_run(selected_columns[i], n, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
