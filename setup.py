@@ -8,7 +8,9 @@ Environment:
   ZENFLOW_BUILD_TYPE  CMake build type (default Release).
 """
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,7 +33,9 @@ class CMakeBuild(build_ext):
         import pybind11
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        tag = f"py{sys.version_info.major}{sys.version_info.minor}-{sysconfig.get_platform()}"
+        # One build directory per interpreter: a venv's Python must not reuse another's cache.
+        prefix_id = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
+        tag = f"py{sys.version_info.major}{sys.version_info.minor}-{sysconfig.get_platform()}-{prefix_id}"
         build_dir = Path(os.environ.get("ZENFLOW_BUILD_DIR", ROOT / "build-cmake" / tag))
         build_dir.mkdir(parents=True, exist_ok=True)
         config = [
@@ -49,6 +53,11 @@ class CMakeBuild(build_ext):
             "-DZENFLOW_BUILD_PYTHON=ON",
             "-DZENFLOW_BUILD_TESTS=OFF",
         ]
+        # pip's isolated build environment is a new temporary folder each time: name this
+        # run's ninja, or the kept build directory would call the last (deleted) one.
+        ninja = shutil.which("ninja")
+        if ninja:
+            config.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
         subprocess.run(config, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
 
