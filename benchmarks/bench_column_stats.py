@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import time
 
-import torch
+# torch's OpenMP workers spin after each parallel region and would steal the cores of
+# zenflow's pool in the interleaved rounds (README, "Threads"); set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 import zenflow
 from zenflow import ops
@@ -120,6 +125,7 @@ def main() -> None:
     print(
         f"# column_stats, host ({datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"{threads} threads, SIMD {zenflow.simd_level()}, torch {torch.__version__}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
         f"median of {args.rounds} interleaved rounds)\n"
     )
     print(
