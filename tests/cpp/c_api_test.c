@@ -78,6 +78,41 @@ int main(void) {
   EXPECT(strlen(zf_status_string(ZF_ERROR_CUDA)) > 0);
   EXPECT(zf_cuda_device_count() >= 0);
 
+  /* CPU AdamW: one step from zero moments moves each weight by lr * sign(g). */
+  {
+    float weights[4] = {1.0f, 1.0f, 1.0f, 1.0f}, m[4] = {0}, v[4] = {0}, g[4] = {0.5f, -2.0f, 3.0f, -0.25f};
+    int64_t step = 1;
+    zf_adam_hparams hp;
+    zf_tensor w_t = tensor_1d(weights, ZF_DTYPE_F32, 4), m_t = tensor_1d(m, ZF_DTYPE_F32, 4);
+    zf_tensor v_t = tensor_1d(v, ZF_DTYPE_F32, 4), g_t = tensor_1d(g, ZF_DTYPE_F32, 4);
+    int i;
+    hp.lr = 0.1;
+    hp.beta1 = 0.9;
+    hp.beta2 = 0.999;
+    hp.eps = 1e-8;
+    hp.weight_decay = 0.0;
+    hp.mode = ZF_ADAM_MODE_ADAMW;
+    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, &step, 1, &hp, 1.0f, 0) == ZF_SUCCESS);
+    for (i = 0; i < 4; ++i) EXPECT(fabsf(weights[i] - (g[i] > 0 ? 0.9f : 1.1f)) < 1e-6f);
+    hp.beta1 = 1.5; /* out of range: rejected, nothing written */
+    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, &step, 1, &hp, 1.0f, 0) == ZF_ERROR_INVALID_VALUE);
+    EXPECT(strstr(zf_last_error(), "beta1") != NULL);
+    EXPECT(fabsf(weights[0] - 0.9f) < 1e-6f);
+  }
+
+  /* accumulate and pack: the per-step host and device work of deferral. */
+  {
+    float acc[4] = {0}, block[4] = {1.0f, 2.0f, 3.0f, 4.0f}, packed[4] = {-1.0f, -1.0f, -1.0f, -1.0f};
+    int32_t selected = 1;
+    zf_tensor acc_t = tensor_1d(acc, ZF_DTYPE_F32, 4), block_t = tensor_1d(block, ZF_DTYPE_F32, 4);
+    zf_tensor packed_t = tensor_1d(packed, ZF_DTYPE_F32, 4), selected_t = tensor_1d(&selected, ZF_DTYPE_I32, 1);
+    EXPECT(zf_cpu_accumulate(&acc_t, &block_t, NULL, 1, 0.5f) == ZF_SUCCESS);
+    EXPECT(acc[0] == 0.5f && acc[3] == 2.0f);
+    g.dtype = ZF_DTYPE_F32; /* grad [2, 3] = {1..6}; columns 0 and 2 are unselected */
+    EXPECT(zf_pack_columns(&g, &selected_t, 1, &packed_t, NULL, NULL) == ZF_SUCCESS);
+    EXPECT(packed[0] == 1.0f && packed[1] == 4.0f && packed[2] == 3.0f && packed[3] == 6.0f);
+  }
+
   if (failures == 0) printf("c_api: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }
