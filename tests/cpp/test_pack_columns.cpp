@@ -15,15 +15,7 @@
 namespace {
 
 using zf_test::HostMatrix;
-
-std::vector<int32_t> random_selection(int64_t n, int64_t k, std::mt19937_64& rng) {
-  std::vector<int32_t> all(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) all[static_cast<size_t>(j)] = static_cast<int32_t>(j);
-  std::shuffle(all.begin(), all.end(), rng);
-  all.resize(static_cast<size_t>(k));
-  std::sort(all.begin(), all.end());
-  return all;
-}
+using zf_test::random_selection;
 
 std::vector<int64_t> complement(const std::vector<int32_t>& selected, int64_t n) {
   std::vector<int64_t> out;

@@ -1,6 +1,7 @@
 // Shared helpers for the C++ tests: inputs in every dtype, and descriptor builders.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -49,6 +50,14 @@ inline HostMatrix random_matrix(zf_dtype dtype, int64_t rows, int64_t cols, std:
   return m;
 }
 
-inline const char* dtype_label(zf_dtype dtype) { return zf_dtype_name(dtype); }
+// k distinct columns of [0, n), sorted ascending (a selection as select_topk returns it).
+inline std::vector<int32_t> random_selection(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) all[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
 
 }  // namespace zf_test
