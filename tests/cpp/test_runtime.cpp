@@ -69,6 +69,25 @@ TEST(ThreadPool, SplitRangeCoversEverythingOnce) {
   }
 }
 
+// Resizing the pool while another thread runs kernels on it neither crashes nor hangs:
+// the running kernel keeps its pool alive until it is done.
+TEST(ThreadPool, ResizeWhileKernelsRun) {
+  const int before = zf_get_num_threads();
+  std::atomic<bool> stop{false};
+  std::atomic<int> runs{0};
+  std::thread worker([&] {
+    while (!stop.load()) {
+      zf::global_thread_pool()->run([](int, int) {});
+      runs++;
+    }
+  });
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(zf_set_num_threads(1 + i % 3, nullptr, 0), ZF_SUCCESS);
+  stop = true;
+  worker.join();
+  EXPECT_GT(runs.load(), 0);
+  zf_set_num_threads(before, nullptr, 0);
+}
+
 TEST(Runtime, ThreadCountControl) {
   const int before = zf_get_num_threads();
   EXPECT_GE(before, 1);

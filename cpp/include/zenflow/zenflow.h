@@ -119,7 +119,8 @@ ZF_API const char* zf_simd_level_name(zf_simd_level level);
  */
 ZF_API int zf_get_num_threads(void);
 /* Resize the pool. cores: optional list of `num_cores` CPU ids to pin worker i to
- * cores[i % num_cores] (NULL for no pinning). Not to be called while a kernel runs. */
+ * cores[i % num_cores] (NULL for no pinning). Safe while kernels run on other threads:
+ * they finish on the old pool, which is then released. */
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores);
 /* Logical CPUs usable by this process. */
 ZF_API int zf_host_cpu_count(void);

@@ -70,7 +70,7 @@ ZF_API size_t zf_dtype_size(zf_dtype dtype) {
   return 0;
 }
 
-ZF_API int zf_get_num_threads(void) { return zf::global_thread_pool().size(); }
+ZF_API int zf_get_num_threads(void) { return zf::global_thread_pool()->size(); }
 
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores) {
   return zf::api_call([&] {

@@ -111,24 +111,28 @@ std::mutex& global_pool_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::unique_ptr<ThreadPool>& global_pool_slot() {
-  static std::unique_ptr<ThreadPool> pool;
+std::shared_ptr<ThreadPool>& global_pool_slot() {
+  static std::shared_ptr<ThreadPool> pool;
   return pool;
 }
 }  // namespace
 
-ThreadPool& global_thread_pool() {
+std::shared_ptr<ThreadPool> global_thread_pool() {
   std::lock_guard<std::mutex> lock(global_pool_mutex());
   auto& pool = global_pool_slot();
-  if (!pool) pool = std::make_unique<ThreadPool>(default_thread_count());
-  return *pool;
+  if (!pool) pool = std::make_shared<ThreadPool>(default_thread_count());
+  return pool;
 }
 
 void resize_global_thread_pool(int num_threads, std::vector<int> cores) {
-  std::lock_guard<std::mutex> lock(global_pool_mutex());
-  auto& pool = global_pool_slot();
-  pool.reset();
-  pool = std::make_unique<ThreadPool>(num_threads, std::move(cores));
+  auto fresh = std::make_shared<ThreadPool>(num_threads, std::move(cores));
+  std::shared_ptr<ThreadPool> previous;
+  {
+    std::lock_guard<std::mutex> lock(global_pool_mutex());
+    previous = std::move(global_pool_slot());
+    global_pool_slot() = std::move(fresh);
+  }
+  // `previous` is destroyed here, or by the last kernel still running on it.
 }
 
 }  // namespace zf

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -45,8 +46,10 @@ class ThreadPool {
   std::vector<std::exception_ptr> errors_;
 };
 
-// The pool the host kernels use. Created on first use with the default size.
-ThreadPool& global_thread_pool();
+// The pool the host kernels use, created on first use with the default size. Callers hold
+// the pointer for the duration of their parallel region: a concurrent resize then swaps in
+// a new pool and the old one is destroyed (its threads joined) after its last user is done.
+std::shared_ptr<ThreadPool> global_thread_pool();
 void resize_global_thread_pool(int num_threads, std::vector<int> cores);
 int default_thread_count();
 int host_cpu_count();

@@ -1,5 +1,6 @@
 // zf_adamw_selected_columns: validation, the host twin, and dispatch to CUDA.
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/adam_math.hpp"
@@ -69,7 +70,8 @@ void adamw_selected_host(const zf_tensor* params, const zf_tensor* grads, const 
                          const zf_adamw_options& options, const float* grad_scale, const int32_t* noop) {
   if (noop != nullptr && *noop != 0) return;
   const float scale = grad_scale ? *grad_scale : 1.0f;
-  ThreadPool& pool = global_thread_pool();
+  const std::shared_ptr<ThreadPool> pool_owner = global_thread_pool();
+  ThreadPool& pool = *pool_owner;
   for (size_t i = 0; i < count; ++i) {
     const MatrixView view = matrix_view(params[i]);
     const int32_t* sel = selected ? static_cast<const int32_t*>(selected[i].data) : nullptr;

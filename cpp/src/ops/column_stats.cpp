@@ -1,6 +1,7 @@
 // zf_column_stats: validation, the host implementation, and dispatch to CUDA.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/error.hpp"
@@ -105,7 +106,8 @@ void column_stats_host(const zf_tensor* grads, const zf_tensor* col_sq, size_t c
   for (size_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + static_cast<size_t>(grads[i].shape[1]);
   std::vector<double> sums(offsets[count], 0.0);
 
-  ThreadPool& pool = global_thread_pool();
+  const std::shared_ptr<ThreadPool> pool_owner = global_thread_pool();
+  ThreadPool& pool = *pool_owner;
   const std::vector<ColumnPiece> pieces = make_pieces(grads, count, pool.size());
   int64_t total_work = 0;
   for (const auto& piece : pieces) total_work += piece.work;

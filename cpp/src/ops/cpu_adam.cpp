@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -118,7 +119,8 @@ class PieceList {
   template <class Body>
   void run(const Body& body) const {
     if (total_ == 0) return;
-    ThreadPool& pool = global_thread_pool();
+    const std::shared_ptr<ThreadPool> pool_owner = global_thread_pool();
+    ThreadPool& pool = *pool_owner;
     if (total_ < kParallelMinElements || pool.size() == 1) {
       run_range(0, total_, body);
       return;

@@ -68,7 +68,7 @@ void pack_or_scatter_host(const zf_tensor* matrices, const zf_tensor* selected, 
     }
   }
   const float scale = scale_ptr ? *scale_ptr : 1.0f;
-  global_thread_pool().run([&](int thread, int threads) {
+  global_thread_pool()->run([&](int thread, int threads) {
     int64_t begin, end;
     split_range(0, static_cast<int64_t>(blocks.size()), thread, threads, &begin, &end);
     int64_t columns[kHostColumnBlock];
@@ -206,7 +206,7 @@ void copy_column_state(const zf_column_state& from, int64_t from_index, int64_t 
 void exchange_host(const zf_tensor* old_selected, const zf_tensor* new_selected, const zf_column_state* old_state,
                    const zf_column_state* new_state, const zf_column_state* entering, const zf_column_state* leaving,
                    const std::vector<ExchangeShape>& shapes) {
-  global_thread_pool().run([&](int thread, int threads) {
+  global_thread_pool()->run([&](int thread, int threads) {
     for (size_t i = static_cast<size_t>(thread); i < shapes.size(); i += static_cast<size_t>(threads)) {
       const ExchangeShape& s = shapes[i];
       const int32_t* old_sel = static_cast<const int32_t*>(old_selected[i].data);

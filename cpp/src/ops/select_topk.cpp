@@ -73,7 +73,7 @@ void select_one(const float* score, int64_t n, int64_t k, int32_t* out) {
 
 void select_topk_host(const zf_tensor* scores, const zf_tensor* out_indices, size_t count) {
   check_no_nan(scores, count);
-  global_thread_pool().run([&](int thread, int threads) {
+  global_thread_pool()->run([&](int thread, int threads) {
     for (size_t i = static_cast<size_t>(thread); i < count; i += static_cast<size_t>(threads)) {
       select_one(static_cast<const float*>(scores[i].data), scores[i].shape[0], out_indices[i].shape[0],
                  static_cast<int32_t*>(out_indices[i].data));
