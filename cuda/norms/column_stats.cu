@@ -66,11 +66,11 @@ size_t column_stats_workspace_bytes(const zf_tensor* grads, size_t count) {
 }
 
 void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count, float* total_sq, int32_t* nonfinite,
-                  bool accumulate, void* workspace, size_t workspace_bytes, zf_stream stream) {
+                  int device, bool accumulate, void* workspace, size_t workspace_bytes, zf_stream stream) {
   const StatsPlan plan = plan_column_stats(grads, col_sq, count);
   const WorkspaceLayout layout = layout_for(plan);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const ScopedDevice device_guard(count > 0 ? grads[0].device.index : 0);
+  const ScopedDevice device_guard(device);
   if (plan.column_blocks == 0) {
     // Nothing to read: the total is 0 and no element is non-finite.
     check_cuda(cudaMemsetAsync(total_sq, 0, sizeof(float), cuda_stream), "cudaMemsetAsync(total_sq)");

@@ -12,8 +12,9 @@ namespace cuda {
 
 size_t column_stats_workspace_bytes(const zf_tensor* grads, size_t count);
 
+// `device`: the CUDA ordinal every tensor of the call lives on (validated by the caller).
 void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count, float* total_sq, int32_t* nonfinite,
-                  bool accumulate, void* workspace, size_t workspace_bytes, zf_stream stream);
+                  int device, bool accumulate, void* workspace, size_t workspace_bytes, zf_stream stream);
 
 }  // namespace cuda
 }  // namespace zf

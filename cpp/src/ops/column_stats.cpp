@@ -159,7 +159,8 @@ extern "C" ZF_API zf_status zf_column_stats(const zf_tensor* grads, const zf_ten
       const size_t required = zf::cuda::column_stats_workspace_bytes(grads, count);
       if (zf::workspace_query(workspace, workspace_bytes, required)) return;
       zf::cuda::column_stats(grads, col_sq, count, static_cast<float*>(total_sq->data),
-                             static_cast<int32_t*>(nonfinite->data), accumulate, workspace, required, stream);
+                             static_cast<int32_t*>(nonfinite->data), device.index, accumulate, workspace, required,
+                             stream);
 #endif
       return;
     }
