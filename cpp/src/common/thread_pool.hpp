@@ -1,9 +1,26 @@
-// zenflow's own persistent worker pool (no OpenMP): the host kernels' threads, kept apart
-// from the training framework's intra-op threads.
+// zenflow's own host threads (no OpenMP), kept apart from the training framework's
+// intra-op threads.
+//
+// ThreadPool: a set of threads that runs one parallel region at a time. Each pool
+// serialises only its own regions: independent pools (the engine's compute lane and host
+// lane, say) run at once on disjoint threads. A region started from inside a region (of
+// any pool) runs inline on the calling thread, as at::parallel_for does, so an op called
+// from a pool task never deadlocks.
+//
+// WorkQueue: one driver thread that runs jobs on a pool in priority order. A job is a list
+// of chunks; between two chunks of a job, any pending job of higher priority runs first, so
+// a short high-priority job (an accumulate) never waits for a whole low-priority one (a
+// window update), only for the chunk in progress.
+//
+// Fork: a child forked while pools exist gets fresh state (pthread_atfork): the global pool
+// is dropped without being joined (its threads do not exist in the child) and recreated on
+// first use. Exit: the global pool is never destroyed, so threads still inside an op at
+// exit() never see it freed.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -16,8 +33,10 @@ namespace zf {
 class ThreadPool {
  public:
   // num_threads >= 1 counts the calling thread: the pool starts num_threads - 1 workers.
-  // Worker i (1-based) is pinned to cores[(i) % cores.size()] when cores is non-empty, and
-  // the calling thread is never pinned.
+  // Worker i (1-based) is pinned to cores[i % cores.size()] when cores is non-empty (a
+  // refused mask leaves it unpinned); the calling thread is never pinned. Throws zf::Error
+  // (ZF_ERROR_OUT_OF_MEMORY) when the OS refuses a thread; the workers already started are
+  // then stopped and joined before the exception leaves.
   explicit ThreadPool(int num_threads, std::vector<int> cores = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -28,14 +47,16 @@ class ThreadPool {
   // Runs task(thread_index, thread_count) once on every thread, the caller being index 0,
   // and returns when all are done. If any task throws, the first exception (lowest thread
   // index) is rethrown here after every thread has finished: no hang, no lost error.
-  // Calls from several threads are serialised.
+  // Called from inside a region (any pool), it runs task(0, 1) inline. Calls from several
+  // threads on one pool are serialised; different pools never wait for each other.
   void run(const std::function<void(int, int)>& task);
 
  private:
   void worker_loop(int index);
+  void stop_workers();
 
   std::vector<std::thread> workers_;
-  std::mutex run_mutex_;  // one parallel region at a time
+  std::mutex run_mutex_;  // one region at a time, for this pool only
   std::mutex mutex_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
@@ -46,13 +67,68 @@ class ThreadPool {
   std::vector<std::exception_ptr> errors_;
 };
 
-// The pool the host kernels use, created on first use with the default size. Callers hold
-// the pointer for the duration of their parallel region: a concurrent resize then swaps in
-// a new pool and the old one is destroyed (its threads joined) after its last user is done.
+// True on a thread that is running a pool task (any pool): a region started there runs inline.
+bool in_parallel_region();
+
+// The process-wide pool of the plain ops (zf_set_num_threads), created on first use with
+// the default size. Callers hold the pointer for the duration of their region: a concurrent
+// resize swaps in a new pool, and the old one is joined after its last user is done.
 std::shared_ptr<ThreadPool> global_thread_pool();
 void resize_global_thread_pool(int num_threads, std::vector<int> cores);
+// The default split: max(1, cores - floor(cores * reserved_share)) with reserved_share 0.5.
 int default_thread_count();
 int host_cpu_count();
+
+// A job of a WorkQueue: complete once its last chunk has run (or it failed or was dropped).
+class WorkJob {
+ public:
+  // Blocks until the job is complete; rethrows the exception of the chunk that failed (the
+  // job's later chunks are skipped), or throws zf::Error(ZF_ERROR_INTERNAL) for a job
+  // dropped by the queue's destruction.
+  void wait();
+  bool done() const;
+  // Seconds from submit() to the start of the first chunk, and from submit() to completion.
+  double queued_seconds() const;
+  double total_seconds() const;
+
+ private:
+  friend class WorkQueue;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  double queued_seconds_ = 0.0, total_seconds_ = 0.0;
+};
+
+class WorkQueue {
+ public:
+  enum class Priority { kHigh = 0, kLow = 1 };
+  // One chunk of a job, run on the queue's pool from the driver thread.
+  using Chunk = std::function<void(ThreadPool& pool)>;
+
+  explicit WorkQueue(std::shared_ptr<ThreadPool> pool);
+  // Drops the jobs not yet started (their wait() throws), lets the running chunk finish,
+  // and joins the driver thread. Never waits for a dropped job.
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // Queues a job; jobs of one priority run in submission order, kHigh before kLow, and a
+  // kHigh job submitted while a kLow job runs starts after that job's current chunk.
+  std::shared_ptr<WorkJob> submit(Priority priority, std::vector<Chunk> chunks);
+  ThreadPool& pool() { return *pool_; }
+
+ private:
+  struct Pending;
+  void driver_loop();
+
+  std::shared_ptr<ThreadPool> pool_;
+  std::mutex mutex_;
+  std::condition_variable wake_cv_;
+  std::deque<std::shared_ptr<Pending>> queues_[2];
+  bool stopping_ = false;
+  std::thread driver_;
+};
 
 // [begin, end) split into `parts` contiguous ranges; the range of part `index`. Ranges
 // differ in length by at most one element.
