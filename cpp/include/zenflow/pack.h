@@ -1,7 +1,7 @@
 /*
  * Moving the unselected columns between the device matrices and contiguous staging
- * buffers (DESIGN.md section 2, steps 4 and 5), and the device side of a selection change
- * (section 3).
+ * buffers (docs/design.md section 2, steps 4 and 5), and the device side of a selection
+ * change (section 3).
  */
 #ifndef ZENFLOW_PACK_H_
 #define ZENFLOW_PACK_H_
@@ -22,9 +22,11 @@ extern "C" {
  *
  *   packed[offset_i + j * m_i + r] = G_i[r, j-th unselected column]     (0 <= j < u_i)
  *
- * which is the host's column-major (transposed) layout of the same columns. The j-th
- * unselected column is computed from the selected list (zf::unselected_column in
- * cpp/src/common/column_index.hpp), so no complement list is stored anywhere.
+ * which is the host's column-major (transposed) layout of the same columns: the host
+ * consumes this buffer as it is (zf_cpu_accumulate, zf_cpu_adamw_step_skip_columns) and
+ * writes its updates back in it. The j-th unselected column is computed from the selected
+ * list (zf::unselected_column in cpp/src/common/column_index.hpp), so no complement list is
+ * stored anywhere.
  *
  *   grads[i] / params[i]  [m_i, n_i] row-major contiguous, f32, f16 or bf16 (1-D [n]
  *                         reads as [1, n]).
@@ -39,6 +41,15 @@ extern "C" {
  * fail before anything is written; on CUDA they are not checked (a column index outside
  * [0, n_i) is skipped).
  */
+
+/*
+ * The packed layout of `count` matrices viewed as [rows[i], cols[i]] with selected_counts[i]
+ * selected columns: offsets[i] receives where matrix i starts, and offsets[count] the total
+ * number of elements (offsets holds count + 1 values). Fails, writing nothing, on a negative
+ * size, a count above its matrix's columns, or a total beyond PTRDIFF_MAX bytes of fp32.
+ */
+ZF_API zf_status zf_packed_layout(const int64_t* rows, const int64_t* cols, const int64_t* selected_counts,
+                                  size_t count, int64_t* offsets);
 
 /* packed <- scale * G[:, unselected]. scale: NULL, or a 1-element f32 tensor on the
  * device (the clip coefficient, say); the product is rounded once to packed's dtype. */

@@ -139,7 +139,7 @@ ZF_API zf_status zf_cuda_device_name(int index, char* buf, size_t buf_size);
 } /* extern "C" */
 #endif
 
-#include "zenflow/cpu_adam.h"
+#include "zenflow/cpu_adamw.h"
 #include "zenflow/norms.h"
 #include "zenflow/optim.h"
 #include "zenflow/pack.h"

@@ -1,8 +1,19 @@
 #include "common/tensor.hpp"
 
+#include <cstddef>
+#include <limits>
 #include <sstream>
 
 namespace zf {
+
+std::string ArgName::str() const {
+  std::string out = base_ ? base_ : "?";
+  if (index_ >= 0) out += "[" + std::to_string(index_) + "]";
+  if (field_ != nullptr) out += std::string(".") + field_;
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& out, const ArgName& name) { return out << name.str(); }
 
 std::string arg_name(const char* name, size_t index) { return std::string(name) + "[" + std::to_string(index) + "]"; }
 
@@ -37,25 +48,43 @@ static std::string shape_string(const zf_tensor& t) {
   return out.str();
 }
 
-void check_descriptor(const zf_tensor* t, const std::string& name) {
+void check_descriptor(const zf_tensor* t, const ArgName& name) {
   require(t != nullptr, ZF_ERROR_INVALID_VALUE, name, ": descriptor is NULL");
-  require(zf_dtype_size(t->dtype) != 0, ZF_ERROR_INVALID_TYPE, name, ": unknown dtype code ",
-          static_cast<int>(t->dtype));
-  require(t->device.type == ZF_DEVICE_CPU || t->device.type == ZF_DEVICE_CUDA, ZF_ERROR_INVALID_TYPE, name,
-          ": unsupported device type ", static_cast<int>(t->device.type));
+  // Enums arrive from C as raw integers: compare them as integers (an out-of-range value
+  // in a C++ enum is undefined behaviour only once it is used as the enum).
+  const int dtype_code = static_cast<int>(t->dtype);
+  require(dtype_code >= ZF_DTYPE_F32 && dtype_code <= ZF_DTYPE_I64, ZF_ERROR_INVALID_TYPE, name,
+          ": unknown dtype code ", dtype_code);
+  const int device_code = static_cast<int>(t->device.type);
+  require(device_code == ZF_DEVICE_CPU || device_code == ZF_DEVICE_CUDA, ZF_ERROR_INVALID_TYPE, name,
+          ": unsupported device type ", device_code);
+  require(t->device.type == ZF_DEVICE_CPU || t->device.index >= 0, ZF_ERROR_INVALID_TYPE, name,
+          ": invalid CUDA device index ", t->device.index);
   require(t->ndim >= 0 && t->ndim <= ZF_MAX_DIMS, ZF_ERROR_INVALID_VALUE, name, ": ndim ", t->ndim, " is outside [0, ",
           ZF_MAX_DIMS, "]");
+  // Element count and byte size must fit in ptrdiff_t: a product that wraps would make a
+  // huge tensor look empty (and accept a NULL pointer for it).
+  const int64_t element_bytes = static_cast<int64_t>(zf_dtype_size(t->dtype));
+  const int64_t max_elements = std::numeric_limits<std::ptrdiff_t>::max() / element_bytes;
+  int64_t elements = 1;
+  bool empty = false;
   for (int d = 0; d < t->ndim; ++d) {
     require(t->shape[d] >= 0, ZF_ERROR_INVALID_VALUE, name, ": negative size ", t->shape[d], " in dimension ", d);
+    if (t->shape[d] == 0) empty = true;
   }
-  if (numel(*t) == 0) return;
+  if (empty) return;
+  for (int d = 0; d < t->ndim; ++d) {
+    require(elements <= max_elements / t->shape[d], ZF_ERROR_INVALID_VALUE, name, ": shape ", shape_string(*t),
+            " holds more than PTRDIFF_MAX bytes");
+    elements *= t->shape[d];
+  }
   require(t->data != nullptr, ZF_ERROR_INVALID_VALUE, name, ": data is NULL for a non-empty tensor");
   const auto address = reinterpret_cast<uintptr_t>(t->data);
-  require(address % zf_dtype_size(t->dtype) == 0, ZF_ERROR_INVALID_VALUE, name,
-          ": data pointer is not aligned to its element size (", zf_dtype_size(t->dtype), " bytes)");
+  require(address % static_cast<uintptr_t>(element_bytes) == 0, ZF_ERROR_INVALID_VALUE, name,
+          ": data pointer is not aligned to its element size (", element_bytes, " bytes)");
 }
 
-void check_dtype(const zf_tensor& t, const std::string& name, std::initializer_list<zf_dtype> allowed) {
+void check_dtype(const zf_tensor& t, const ArgName& name, std::initializer_list<zf_dtype> allowed) {
   for (zf_dtype d : allowed) {
     if (t.dtype == d) return;
   }
@@ -68,25 +97,32 @@ void check_dtype(const zf_tensor& t, const std::string& name, std::initializer_l
   fail(ZF_ERROR_INVALID_TYPE, name, ": expected dtype ", expected.str(), ", got ", zf_dtype_name(t.dtype));
 }
 
-void check_ndim(const zf_tensor& t, const std::string& name, int ndim) {
-  require(t.ndim == ndim, ZF_ERROR_INVALID_VALUE, name, ": expected a ", ndim, "-D tensor, got shape ",
-          shape_string(t));
+void check_ndim(const zf_tensor& t, const ArgName& name, int ndim) {
+  if (t.ndim == ndim) return;
+  fail(ZF_ERROR_INVALID_VALUE, name, ": expected a ", ndim, "-D tensor, got shape ", shape_string(t));
 }
 
-void check_contiguous(const zf_tensor& t, const std::string& name) {
-  require(is_contiguous(t), ZF_ERROR_INVALID_VALUE, name, ": expected a contiguous (row-major) tensor of shape ",
-          shape_string(t), ", got non-contiguous strides");
+void check_contiguous(const zf_tensor& t, const ArgName& name) {
+  if (is_contiguous(t)) return;
+  fail(ZF_ERROR_INVALID_VALUE, name, ": expected a contiguous (row-major) tensor of shape ", shape_string(t),
+       ", got non-contiguous strides");
 }
 
-void check_same_device(const zf_tensor& t, const std::string& name, const zf_device& expected,
-                       const std::string& expected_from) {
-  require(same_device(t.device, expected), ZF_ERROR_INVALID_TYPE, name, ": is on ", describe_device(t.device), " but ",
-          expected_from, " is on ", describe_device(expected));
+void check_same_device(const zf_tensor& t, const ArgName& name, const zf_device& expected,
+                       const ArgName& expected_from) {
+  if (same_device(t.device, expected)) return;
+  fail(ZF_ERROR_INVALID_TYPE, name, ": is on ", describe_device(t.device), " but ", expected_from, " is on ",
+       describe_device(expected));
 }
 
-void check_numel(const zf_tensor& t, const std::string& name, int64_t expected) {
-  require(numel(t) == expected, ZF_ERROR_INVALID_VALUE, name, ": expected ", expected, " elements, got shape ",
-          shape_string(t));
+void check_numel(const zf_tensor& t, const ArgName& name, int64_t expected) {
+  if (numel(t) == expected) return;
+  fail(ZF_ERROR_INVALID_VALUE, name, ": expected ", expected, " elements, got shape ", shape_string(t));
+}
+
+void check_cpu(const zf_tensor& t, const ArgName& name) {
+  if (t.device.type == ZF_DEVICE_CPU) return;
+  fail(ZF_ERROR_INVALID_TYPE, name, ": must be a CPU tensor, is on ", describe_device(t.device));
 }
 
 }  // namespace zf

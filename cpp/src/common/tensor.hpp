@@ -1,9 +1,12 @@
 // Validation of zf_tensor descriptors at the C boundary. Every check names the argument
-// ("grads[3]") so the message reaches the Python user unchanged.
+// ("grads[3]") so the message reaches the Python user unchanged. Names are ArgName values
+// that are turned into text only when a check fails: validating hundreds of tensors builds
+// no string.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <ostream>
 #include <string>
 
 #include "common/error.hpp"
@@ -11,21 +14,47 @@
 
 namespace zf {
 
+// "base", "base[index]" or "base[index].field", formatted on demand. Holds pointers only:
+// it lives no longer than the call that validates.
+class ArgName {
+ public:
+  ArgName(const char* base) : base_(base) {}  // NOLINT: implicit, names are mostly literals
+  ArgName(const std::string& base) : base_(base.c_str()) {}  // NOLINT
+  ArgName(const char* base, size_t index, const char* field = nullptr)
+      : base_(base), index_(static_cast<int64_t>(index)), field_(field) {}
+  ArgName with_field(const char* field) const {
+    ArgName out = *this;
+    out.field_ = field;
+    return out;
+  }
+  std::string str() const;
+
+ private:
+  const char* base_;
+  int64_t index_ = -1;
+  const char* field_ = nullptr;
+};
+std::ostream& operator<<(std::ostream& out, const ArgName& name);
+
 std::string arg_name(const char* name, size_t index);
 std::string describe_device(const zf_device& device);
 
+// Element count of a descriptor whose shape check_descriptor accepted (no overflow then).
 int64_t numel(const zf_tensor& t);
 bool is_contiguous(const zf_tensor& t);
 
-// Non-null descriptor with a known dtype, 0 <= ndim <= ZF_MAX_DIMS, non-negative shape,
-// data non-null unless empty, data aligned to its element size.
-void check_descriptor(const zf_tensor* t, const std::string& name);
-void check_dtype(const zf_tensor& t, const std::string& name, std::initializer_list<zf_dtype> allowed);
-void check_ndim(const zf_tensor& t, const std::string& name, int ndim);
-void check_contiguous(const zf_tensor& t, const std::string& name);
-void check_same_device(const zf_tensor& t, const std::string& name, const zf_device& expected,
-                       const std::string& expected_from);
-void check_numel(const zf_tensor& t, const std::string& name, int64_t expected);
+// Non-null descriptor with a known dtype and device type, 0 <= ndim <= ZF_MAX_DIMS,
+// non-negative shape whose element count and byte size fit in PTRDIFF_MAX, data non-null
+// unless empty, data aligned to its element size.
+void check_descriptor(const zf_tensor* t, const ArgName& name);
+void check_dtype(const zf_tensor& t, const ArgName& name, std::initializer_list<zf_dtype> allowed);
+void check_ndim(const zf_tensor& t, const ArgName& name, int ndim);
+void check_contiguous(const zf_tensor& t, const ArgName& name);
+void check_same_device(const zf_tensor& t, const ArgName& name, const zf_device& expected,
+                       const ArgName& expected_from);
+void check_numel(const zf_tensor& t, const ArgName& name, int64_t expected);
+// A CPU tensor (host-only calls).
+void check_cpu(const zf_tensor& t, const ArgName& name);
 
 inline bool same_device(const zf_device& a, const zf_device& b) {
   return a.type == b.type && (a.type == ZF_DEVICE_CPU || a.index == b.index);

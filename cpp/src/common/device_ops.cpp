@@ -1,8 +1,13 @@
-#include "ops/device_dispatch.hpp"
+#include "common/device_ops.hpp"
 
 namespace zf {
 
-void check_device_compiled(const zf_device& device, const std::string& name) {
+CudaOps& cuda_ops() {
+  static CudaOps table;
+  return table;
+}
+
+void check_device_compiled(const zf_device& device, const ArgName& name) {
   if (device.type != ZF_DEVICE_CUDA) return;
   require(zf_cuda_compiled() != 0, ZF_ERROR_NOT_SUPPORTED, name,
           ": is a CUDA tensor but libzenflow was built without CUDA");
