@@ -2,9 +2,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/device_ops.hpp"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/multi_tensor.cuh"
 #include "cuda/norms/column_stats_kernel.cuh"
-#include "cuda/norms/column_stats_launch.hpp"
 
 namespace zf {
 namespace cuda {
@@ -59,8 +60,6 @@ WorkspaceLayout layout_for(const StatsPlan& plan) {
   return layout;
 }
 
-}  // namespace
-
 size_t column_stats_workspace_bytes(const zf_tensor* grads, size_t count) {
   return layout_for(plan_column_stats(grads, nullptr, count)).bytes;
 }
@@ -89,8 +88,9 @@ void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count,
   ws.total_sq = total_sq;
   ws.nonfinite = nonfinite;
 
-  for (size_t begin = 0; begin < plan.matrices.size(); begin += kStatsMaxMatricesPerLaunch) {
-    const size_t end = std::min(plan.matrices.size(), begin + kStatsMaxMatricesPerLaunch);
+  // Tiles are numbered across the whole call (the reduction spans launches); each launch
+  // starts at its first matrix's first tile.
+  for_each_launch_batch(plan.matrices.size(), kStatsMaxMatricesPerLaunch, [&](size_t begin, size_t end) {
     StatsLaunchTable table{};
     table.count = static_cast<int32_t>(end - begin);
     std::copy(plan.matrices.begin() + begin, plan.matrices.begin() + end, table.matrices);
@@ -102,8 +102,15 @@ void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count,
     require(blocks <= INT32_MAX, ZF_ERROR_INVALID_VALUE, "grads: too many tiles for one launch");
     column_stats_kernel<<<static_cast<unsigned>(blocks), kStatsThreads, 0, cuda_stream>>>(table, ws);
     check_launch("column_stats_kernel");
-  }
+  });
 }
 
+const bool registered = [] {
+  cuda_ops().column_stats_workspace_bytes = &column_stats_workspace_bytes;
+  cuda_ops().column_stats = &column_stats;
+  return true;
+}();
+
+}  // namespace
 }  // namespace cuda
 }  // namespace zf

@@ -1,63 +1,71 @@
-// Host launcher of the CUDA AdamW on selected columns (kernel in adamw_selected_kernel.cuh).
+// Host launcher of the CUDA AdamW on selected columns (kernel in adamw_selected_kernel.cuh),
+// registered in the CUDA launcher table (common/device_ops.hpp).
 #include <algorithm>
 #include <vector>
 
+#include "common/device_ops.hpp"
+#include "common/matrix_view.hpp"
+#include "common/tensor.hpp"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/multi_tensor.cuh"
 #include "cuda/optim/adamw_selected_kernel.cuh"
-#include "cuda/optim/adamw_selected_launch.hpp"
-#include "ops/column_ops.hpp"
 
 namespace zf {
 namespace cuda {
+namespace {
 
-void adamw_selected_columns(const zf_tensor* params, const zf_tensor* grads, const zf_tensor* selected,
-                            const zf_column_state* state, const double* lr, const double* weight_decay, size_t count,
-                            zf_adamw_options options, const float* grad_scale, const int32_t* noop, zf_stream stream) {
+void adamw_selected_columns(const AdamwSelectedArgs& args, zf_stream stream) {
   std::vector<AdamwMatrix> matrices;
-  for (size_t i = 0; i < count; ++i) {
-    const MatrixView view = matrix_view(params[i]);
-    const int64_t k = selected ? selected[i].shape[0] : view.cols;
+  for (size_t i = 0; i < args.count; ++i) {
+    const MatrixView view = matrix_view(args.params[i]);
+    const int64_t k = args.selected ? args.selected[i].shape[0] : view.cols;
     if (k == 0) continue;
+    const zf_column_state& state = args.state[i];
     AdamwMatrix mat{};
-    mat.param = params[i].data;
-    mat.grad = grads[i].data;
-    mat.selected = selected ? static_cast<const int32_t*>(selected[i].data) : nullptr;
-    mat.master = numel(state[i].master) > 0 ? static_cast<float*>(state[i].master.data) : nullptr;
-    mat.exp_avg = static_cast<float*>(state[i].exp_avg.data);
-    mat.exp_avg_sq = static_cast<float*>(state[i].exp_avg_sq.data);
-    mat.steps = static_cast<int32_t*>(state[i].steps.data);
+    mat.param = args.params[i].data;
+    mat.grad = args.grads[i].data;
+    mat.selected = args.selected ? static_cast<const int32_t*>(args.selected[i].data) : nullptr;
+    mat.master = numel(state.master) > 0 ? static_cast<float*>(state.master.data) : nullptr;
+    mat.exp_avg = static_cast<float*>(state.exp_avg.data);
+    mat.exp_avg_sq = static_cast<float*>(state.exp_avg_sq.data);
+    mat.steps = static_cast<int32_t*>(state.steps.data);
     mat.rows = view.rows;
     mat.cols = static_cast<int32_t>(view.cols);
     mat.k = static_cast<int32_t>(k);
-    mat.param_dtype = params[i].dtype;
-    mat.grad_dtype = grads[i].dtype;
-    mat.lr = lr[i];
-    mat.weight_decay = weight_decay[i];
+    mat.param_dtype = args.params[i].dtype;
+    mat.grad_dtype = args.grads[i].dtype;
+    mat.lr = args.lr ? args.lr[i] : 0.0;
+    mat.lr_index = static_cast<int32_t>(i);
+    mat.weight_decay = args.weight_decay[i];
     matrices.push_back(mat);
   }
   if (matrices.empty()) return;
-  const ScopedDevice device_guard(params[0].device.index);
+  const ScopedDevice device_guard(args.device);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  for (size_t begin = 0; begin < matrices.size(); begin += kAdamwMaxMatricesPerLaunch) {
-    const size_t end = std::min(matrices.size(), begin + kAdamwMaxMatricesPerLaunch);
+  for_each_launch_batch(matrices.size(), kAdamwMaxMatricesPerLaunch, [&](size_t begin, size_t end) {
     AdamwLaunchTable table{};
-    int64_t blocks = 0;
-    for (size_t i = begin; i < end; ++i) {
-      table.matrices[i - begin] = matrices[i];
-      table.matrices[i - begin].first_block = blocks;
-      blocks += (matrices[i].k + kAdamwColumnsPerBlock - 1) / kAdamwColumnsPerBlock;
-    }
-    require(blocks <= INT32_MAX, ZF_ERROR_INVALID_VALUE, "params: too many columns for one launch");
+    std::copy(matrices.begin() + begin, matrices.begin() + end, table.matrices);
+    const unsigned blocks = number_blocks(
+        table.matrices, end - begin, &AdamwMatrix::first_block,
+        [](const AdamwMatrix& m) { return (m.k + kAdamwColumnsPerBlock - 1) / kAdamwColumnsPerBlock; }, "params");
     table.count = static_cast<int32_t>(end - begin);
-    table.grad_scale = grad_scale;
-    table.noop = noop;
-    table.beta1 = options.beta1;
-    table.beta2 = options.beta2;
-    table.eps = options.eps;
-    adamw_selected_kernel<<<static_cast<unsigned>(blocks), kAdamwThreads, 0, cuda_stream>>>(table);
+    table.grad_scale = args.grad_scale;
+    table.noop = args.noop;
+    table.lr_device = args.lr_device;
+    table.beta1 = args.hparams.beta1;
+    table.beta2 = args.hparams.beta2;
+    table.eps = args.hparams.eps;
+    table.decoupled = args.hparams.mode == ZF_ADAM_MODE_ADAMW ? 1 : 0;
+    adamw_selected_kernel<<<blocks, kAdamwThreads, 0, cuda_stream>>>(table);
     check_launch("adamw_selected_kernel");
-  }
+  });
 }
 
+const bool registered = [] {
+  cuda_ops().adamw_selected_columns = &adamw_selected_columns;
+  return true;
+}();
+
+}  // namespace
 }  // namespace cuda
 }  // namespace zf

@@ -3,7 +3,7 @@
 // A block owns 32 consecutive compact columns of one matrix and all of its rows: lane l of
 // every warp handles compact column c = 32 * tile + l, warp w handles rows w, w + 8, ...
 // Lanes of a warp then read 32 consecutive floats of each compact state array (one 128-byte
-// line) and 32 selected elements of one row of W and G (the sectors holding them; DESIGN.md
+// line) and 32 selected elements of one row of W and G (the sectors holding them; docs/design.md
 // section 5). Each thread keeps 4 rows of loads in flight. Owning whole columns lets the
 // block bump the column's step count itself after every warp has read it: no second
 // launch, no atomics. The element math is adam_update_element (cpp/src/common/adam_math.hpp),
@@ -38,6 +38,7 @@ struct AdamwMatrix {
   int32_t k;
   int32_t param_dtype;
   int32_t grad_dtype;
+  int32_t lr_index;  // this matrix's entry of the call's lr_device array
   double lr;
   double weight_decay;
 };
@@ -46,7 +47,9 @@ struct AdamwLaunchTable {
   AdamwMatrix matrices[kAdamwMaxMatricesPerLaunch];
   const float* grad_scale;  // nullptr: 1
   const int32_t* noop;      // nullptr: never skip
+  const float* lr_device;   // nullptr: use each matrix's lr; else read lr_device[lr_index] now
   int32_t count;
+  int32_t decoupled;  // 1: AdamW, 0: Adam with L2 penalty
   double beta1;
   double beta2;
   double eps;
@@ -71,8 +74,12 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_selected_kernel(const Ada
   const int64_t column = active ? selected_column(mat.selected, c) : 0;
   active = active && column >= 0 && column < mat.cols;  // a -1 fill from a NaN top-k is skipped
 
-  const int32_t step = active ? mat.steps[c] + 1 : 1;
-  const AdamHyperParams hyper{mat.lr, table.beta1, table.beta2, table.eps, mat.weight_decay, true};
+  // The host rejects counts it cannot increment; here nothing is read back, so a negative
+  // count counts as 0 and a count at INT32_MAX stays there (optim.h documents both).
+  const int32_t count_before = active ? mat.steps[c] : 0;
+  const int32_t step = count_before < 0 ? 1 : (count_before == INT32_MAX ? INT32_MAX : count_before + 1);
+  const double lr = table.lr_device != nullptr ? static_cast<double>(table.lr_device[mat.lr_index]) : mat.lr;
+  const AdamHyperParams hyper{lr, table.beta1, table.beta2, table.eps, mat.weight_decay, table.decoupled != 0};
   const AdamStepScalars scalars = adam_step_scalars(hyper, step);
   const float scale = table.grad_scale != nullptr ? *table.grad_scale : 1.0f;
 

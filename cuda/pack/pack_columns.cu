@@ -1,12 +1,14 @@
 // Host launchers of the CUDA pack, scatter and selection exchange (kernels in
-// pack_columns_kernel.cuh).
+// pack_columns_kernel.cuh), registered in the CUDA launcher table (common/device_ops.hpp).
 #include <algorithm>
 #include <vector>
 
+#include "common/device_ops.hpp"
+#include "common/matrix_view.hpp"
+#include "common/tensor.hpp"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/multi_tensor.cuh"
 #include "cuda/pack/pack_columns_kernel.cuh"
-#include "cuda/pack/pack_columns_launch.hpp"
-#include "ops/column_ops.hpp"
 
 namespace zf {
 namespace cuda {
@@ -21,53 +23,33 @@ StatePointers state_pointers(const zf_column_state& s) {
   return p;
 }
 
-// Splits `entries` into launches of at most `per_launch`, numbering blocks from 0 in each.
-template <class Entry, class Launch>
-void launch_in_batches(std::vector<Entry>& entries, const std::vector<int64_t>& blocks_of, size_t per_launch,
-                       Launch&& launch) {
-  for (size_t begin = 0; begin < entries.size(); begin += per_launch) {
-    const size_t end = std::min(entries.size(), begin + per_launch);
-    int64_t blocks = 0;
-    for (size_t i = begin; i < end; ++i) {
-      entries[i].first_tile = blocks;
-      blocks += blocks_of[i];
-    }
-    require(blocks <= INT32_MAX, ZF_ERROR_INVALID_VALUE, "too many tiles for one launch");
-    launch(begin, end, static_cast<unsigned>(blocks));
-  }
-}
-
-}  // namespace
-
-void pack_or_scatter_columns(const zf_tensor* matrices, const zf_tensor* selected, size_t count,
+void pack_or_scatter_columns(const zf_tensor* matrices, const zf_tensor* selected, const PackedLayout& layout,
                              const zf_tensor& packed, const float* scale, bool to_packed, zf_stream stream) {
   std::vector<PackMatrix> entries;
-  std::vector<int64_t> blocks_of;
-  int64_t offset = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const MatrixView view = matrix_view(matrices[i]);
-    const int64_t k = selected ? selected[i].shape[0] : 0;
-    const int64_t unselected = view.cols - k;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const PackedMatrix& m = layout[i];
     PackMatrix mat{};
     mat.matrix = matrices[i].data;
-    mat.selected = selected ? static_cast<const int32_t*>(selected[i].data) : nullptr;
-    mat.rows = view.rows;
-    mat.packed_offset = offset;
-    mat.cols = static_cast<int32_t>(view.cols);
-    mat.k = static_cast<int32_t>(k);
+    mat.selected = m.selected > 0 ? static_cast<const int32_t*>(selected[i].data) : nullptr;
+    mat.rows = m.rows;
+    mat.packed_offset = m.offset;
+    mat.cols = static_cast<int32_t>(m.cols);
+    mat.k = static_cast<int32_t>(m.selected);
     mat.dtype = matrices[i].dtype;
-    mat.row_chunks = static_cast<int32_t>((view.rows + kPackChunkRows - 1) / kPackChunkRows);
-    offset += view.rows * unselected;
-    if (view.rows == 0 || unselected == 0) continue;
+    mat.row_chunks = static_cast<int32_t>((m.rows + kPackChunkRows - 1) / kPackChunkRows);
+    if (m.rows == 0 || m.unselected() == 0) continue;
     entries.push_back(mat);
-    blocks_of.push_back((unselected + kPackTile - 1) / kPackTile * mat.row_chunks);
   }
   if (entries.empty()) return;
   const ScopedDevice device_guard(packed.device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  launch_in_batches(entries, blocks_of, kPackMaxMatricesPerLaunch, [&](size_t begin, size_t end, unsigned blocks) {
+  for_each_launch_batch(entries.size(), kPackMaxMatricesPerLaunch, [&](size_t begin, size_t end) {
     PackLaunchTable table{};
     std::copy(entries.begin() + begin, entries.begin() + end, table.matrices);
+    const unsigned blocks = number_blocks(
+        table.matrices, end - begin, &PackMatrix::first_tile,
+        [](const PackMatrix& m) { return (m.cols - m.k + kPackTile - 1) / kPackTile * int64_t{m.row_chunks}; },
+        "matrices");
     table.count = static_cast<int32_t>(end - begin);
     table.packed = packed.data;
     table.packed_dtype = packed.dtype;
@@ -94,7 +76,6 @@ void exchange_selected_columns(const zf_tensor* old_selected, const zf_tensor* n
                                const zf_column_state* entering, const zf_column_state* leaving, size_t count,
                                void* workspace, size_t, zf_stream stream) {
   std::vector<ExchangeMatrix> entries;
-  std::vector<int64_t> blocks_of;
   int32_t* plan = static_cast<int32_t*>(workspace);
   for (size_t i = 0; i < count; ++i) {
     ExchangeMatrix mat{};
@@ -114,14 +95,17 @@ void exchange_selected_columns(const zf_tensor* old_selected, const zf_tensor* n
     plan += mat.k_new + mat.k_old;
     if (mat.k_old == 0 && mat.k_new == 0) continue;
     entries.push_back(mat);
-    blocks_of.push_back((std::max(mat.k_old, mat.k_new) + kExchangeColumns - 1) / kExchangeColumns);
   }
   if (entries.empty()) return;
   const ScopedDevice device_guard(old_selected[0].device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  launch_in_batches(entries, blocks_of, kExchangeMaxMatricesPerLaunch, [&](size_t begin, size_t end, unsigned blocks) {
+  for_each_launch_batch(entries.size(), kExchangeMaxMatricesPerLaunch, [&](size_t begin, size_t end) {
     ExchangeLaunchTable table{};
     std::copy(entries.begin() + begin, entries.begin() + end, table.matrices);
+    const unsigned blocks = number_blocks(
+        table.matrices, end - begin, &ExchangeMatrix::first_tile,
+        [](const ExchangeMatrix& m) { return (std::max(m.k_old, m.k_new) + kExchangeColumns - 1) / kExchangeColumns; },
+        "old_selected");
     table.count = static_cast<int32_t>(end - begin);
     exchange_plan_kernel<<<static_cast<unsigned>(end - begin), kExchangeThreads, 0, cuda_stream>>>(table);
     check_launch("exchange_plan_kernel");
@@ -130,5 +114,14 @@ void exchange_selected_columns(const zf_tensor* old_selected, const zf_tensor* n
   });
 }
 
+const bool registered = [] {
+  CudaOps& table = cuda_ops();
+  table.pack_or_scatter_columns = &pack_or_scatter_columns;
+  table.exchange_workspace_bytes = &exchange_workspace_bytes;
+  table.exchange_selected_columns = &exchange_selected_columns;
+  return true;
+}();
+
+}  // namespace
 }  // namespace cuda
 }  // namespace zf

@@ -1,13 +1,16 @@
-// Host launcher of the CUDA segmented top-k (kernel in select_topk_kernel.cuh).
+// Host launcher of the CUDA segmented top-k (kernel in select_topk_kernel.cuh), registered in
+// the CUDA launcher table (common/device_ops.hpp).
 #include <algorithm>
 #include <vector>
 
+#include "common/device_ops.hpp"
 #include "cuda/common/cuda_check.cuh"
+#include "cuda/common/multi_tensor.cuh"
 #include "cuda/topk/select_topk_kernel.cuh"
-#include "cuda/topk/select_topk_launch.hpp"
 
 namespace zf {
 namespace cuda {
+namespace {
 
 size_t select_topk_workspace_bytes(const zf_tensor*, const zf_tensor*, size_t) { return 0; }
 
@@ -24,14 +27,20 @@ void select_topk_columns(const zf_tensor* scores, const zf_tensor* out_indices, 
   if (segments.empty()) return;
   const ScopedDevice device_guard(scores[0].device.index);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  for (size_t begin = 0; begin < segments.size(); begin += kTopkMaxSegmentsPerLaunch) {
-    const size_t end = std::min(segments.size(), begin + kTopkMaxSegmentsPerLaunch);
+  for_each_launch_batch(segments.size(), kTopkMaxSegmentsPerLaunch, [&](size_t begin, size_t end) {
     TopkLaunchTable table{};
     std::copy(segments.begin() + begin, segments.begin() + end, table.segments);
     select_topk_kernel<<<static_cast<unsigned>(end - begin), kTopkThreads, 0, cuda_stream>>>(table);
     check_launch("select_topk_kernel");
-  }
+  });
 }
 
+const bool registered = [] {
+  cuda_ops().select_topk_workspace_bytes = &select_topk_workspace_bytes;
+  cuda_ops().select_topk_columns = &select_topk_columns;
+  return true;
+}();
+
+}  // namespace
 }  // namespace cuda
 }  // namespace zf

@@ -9,6 +9,8 @@
 #include <random>
 #include <tuple>
 
+#include "common/thread_pool.hpp"
+#include "ops/adamw_selected_plan.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -71,7 +73,7 @@ struct RefElement {
   double param, exp_avg, exp_avg_sq;
 };
 RefElement reference_adamw(double p, double m, double v, double g, int64_t step, double lr, double wd,
-                           const zf_adamw_options& o) {
+                           const zf_adam_hparams& o) {
   p *= 1.0 - lr * wd;
   m = o.beta1 * m + (1.0 - o.beta1) * g;
   v = o.beta2 * v + (1.0 - o.beta2) * g * g;
@@ -87,7 +89,7 @@ double ulp_of(zf_dtype dtype, double value) {
   return std::ldexp(1.0, std::ilogb(magnitude) - (bits - 1));
 }
 
-void expect_matches_reference(const Case& before, const Case& after, float scale, const zf_adamw_options& o,
+void expect_matches_reference(const Case& before, const Case& after, float scale, const zf_adam_hparams& o,
                               bool dense) {
   const int64_t rows = before.param.rows, cols = before.param.cols;
   const int64_t k = static_cast<int64_t>(before.steps.size());
@@ -143,7 +145,7 @@ class AdamwSelectedSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, 
 TEST_P(AdamwSelectedSweep, MatchesFloat64Reference) {
   const auto [param_dtype, grad_dtype, master] = GetParam();
   std::mt19937_64 rng(99 + param_dtype * 5 + grad_dtype + (master ? 100 : 0));
-  const zf_adamw_options options{0.9, 0.999, 1e-8};
+  const zf_adam_hparams options{0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW};
   for (const float scale : {1.0f, 0.37f}) {
     std::vector<Case> cases, before;
     for (const auto& [rows, cols, k] : kShapes)
@@ -179,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, AdamwSelectedSweep,
 
 TEST(AdamwSelected, DenseModeUpdatesEveryColumnAndOneDimensionalParams) {
   std::mt19937_64 rng(5);
-  const zf_adamw_options options{0.8, 0.99, 1e-6};
+  const zf_adam_hparams options{0.8, 0.99, 1e-6, ZF_ADAM_MODE_ADAMW};
   for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 37}, {19, 23}}) {
     Case c = make_case(ZF_DTYPE_F32, ZF_DTYPE_F32, rows, cols, cols, false, rng);
     const Case before = c;
@@ -202,7 +204,7 @@ TEST(AdamwSelected, NoopFlagChangesNothing) {
   const zf_tensor noop_t = zenflow::contiguous_tensor(&noop, ZF_DTYPE_I32, {});
   const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {7});
   zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, {sel}, {c.state()}, {c.lr}, {0.0},
-                                  zenflow::default_adamw_options(), nullptr, &noop_t);
+                                  zenflow::default_adam_hparams(), nullptr, &noop_t);
   EXPECT_EQ(c.param.half, before.param.half);
   EXPECT_EQ(c.master, before.master);
   EXPECT_EQ(c.exp_avg, before.exp_avg);
@@ -218,34 +220,158 @@ TEST(AdamwSelected, BadInputFailsAndWritesNothing) {
   zf_tensor param = c.param.tensor(), grad = c.grad.tensor();
   zf_column_state state = c.state();
   const double lr = 1e-3, wd = 0.0;
-  const zf_adamw_options o = zenflow::default_adamw_options();
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+  const zf_adam_hparams o = zenflow::default_adam_hparams();
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_VALUE);
   EXPECT_NE(std::string(zf_last_error()).find("ascending"), std::string::npos) << zf_last_error();
   c.selected = {2, 5, 10};  // out of range
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_VALUE);
   c.selected = {2, 5, 7};
   state.exp_avg.shape[1] = 2;  // wrong state size
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_VALUE);
   EXPECT_NE(std::string(zf_last_error()).find("state[0].exp_avg"), std::string::npos) << zf_last_error();
   state = c.state();
   state.exp_avg.dtype = ZF_DTYPE_BF16;
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_TYPE);
   state = c.state();
   grad.shape[1] = 9;
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, o, nullptr, nullptr, nullptr),
+  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_VALUE);
   grad = c.grad.tensor();
-  zf_adamw_options bad = o;
+  zf_adam_hparams bad = o;
   bad.beta2 = 1.0;
-  EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, &lr, &wd, 1, bad, nullptr, nullptr, nullptr),
-            ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(
+      zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &bad, nullptr, nullptr, nullptr),
+      ZF_ERROR_INVALID_VALUE);
   EXPECT_EQ(c.param.f32, before.param.f32);
   EXPECT_EQ(c.exp_avg, before.exp_avg);
   EXPECT_EQ(c.steps, before.steps);
+}
+
+TEST(AdamwSelected, StepCountsThatCannotAdvanceAreRejected) {
+  std::mt19937_64 rng(8);
+  for (const int32_t bad_count : {-1, std::numeric_limits<int32_t>::max()}) {
+    Case c = make_case(ZF_DTYPE_F32, ZF_DTYPE_F32, 5, 12, 4, false, rng);
+    c.steps[2] = bad_count;
+    const Case before = c;
+    zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {4});
+    zf_tensor param = c.param.tensor(), grad = c.grad.tensor();
+    zf_column_state state = c.state();
+    const double lr = 1e-3, wd = 0.0;
+    const zf_adam_hparams o = zenflow::default_adam_hparams();
+    EXPECT_EQ(
+        zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
+        ZF_ERROR_INVALID_VALUE);
+    EXPECT_NE(std::string(zf_last_error()).find("state[0].steps[2]"), std::string::npos) << zf_last_error();
+    EXPECT_EQ(c.param.f32, before.param.f32);
+    EXPECT_EQ(c.steps, before.steps);
+  }
+}
+
+TEST(AdamwSelected, AliasedBuffersAreRejectedBeforeAnyWrite) {
+  std::mt19937_64 rng(9);
+  Case c = make_case(ZF_DTYPE_F32, ZF_DTYPE_F32, 6, 10, 3, false, rng);
+  const Case before = c;
+  const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {3});
+  const double lr = 1e-3, wd = 0.0;
+  const zf_adam_hparams o = zenflow::default_adam_hparams();
+  const auto expect_overlap = [&](zf_tensor param, zf_tensor grad, zf_tensor selected, zf_column_state state,
+                                  const char* first, const char* second) {
+    EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &selected, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr,
+                                        nullptr),
+              ZF_ERROR_INVALID_VALUE);
+    const std::string message = zf_last_error();
+    EXPECT_NE(message.find("overlaps"), std::string::npos) << message;
+    EXPECT_TRUE(message.find(first) != std::string::npos && message.find(second) != std::string::npos) << message;
+  };
+  zf_column_state state = c.state();
+  state.exp_avg_sq = state.exp_avg;  // exp_avg is exp_avg_sq
+  expect_overlap(c.param.tensor(), c.grad.tensor(), sel, state, "state[0].exp_avg", "state[0].exp_avg_sq");
+  expect_overlap(c.param.tensor(), c.param.tensor(), sel, c.state(), "params[0]", "grads[0]");  // params is grads
+  state = c.state();
+  state.steps.data = c.selected.data();  // steps aliasing the selection they index
+  expect_overlap(c.param.tensor(), c.grad.tensor(), sel, state, "selected[0]", "state[0].steps");
+  EXPECT_EQ(c.param.f32, before.param.f32);
+  EXPECT_EQ(c.exp_avg, before.exp_avg);
+  EXPECT_EQ(c.selected, before.selected);
+  EXPECT_EQ(c.steps, before.steps);
+}
+
+TEST(AdamwSelected, DeviceResidentLrEqualsLrArrayAndAdamModeDiffers) {
+  std::mt19937_64 rng(10);
+  const Case original = make_case(ZF_DTYPE_BF16, ZF_DTYPE_F32, 7, 19, 5, true, rng);
+  const auto run = [&](bool use_tensor, zf_adam_mode mode) {
+    Case c = original;
+    const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {5});
+    float lr_value = 2e-3f;
+    const zf_tensor lr_t = zenflow::contiguous_tensor(&lr_value, ZF_DTYPE_F32, {1});
+    const zf_adam_hparams h{0.9, 0.999, 1e-8, mode};
+    const std::vector<double> lr = use_tensor ? std::vector<double>{} : std::vector<double>{double(lr_value)};
+    zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, {sel}, {c.state()}, lr, {0.05}, h, nullptr,
+                                    nullptr, use_tensor ? &lr_t : nullptr);
+    return c;
+  };
+  const Case by_array = run(false, ZF_ADAM_MODE_ADAMW), by_tensor = run(true, ZF_ADAM_MODE_ADAMW);
+  EXPECT_EQ(by_array.param.half, by_tensor.param.half);
+  EXPECT_EQ(by_array.master, by_tensor.master);
+  EXPECT_EQ(by_array.exp_avg_sq, by_tensor.exp_avg_sq);
+  const Case adam = run(false, ZF_ADAM_MODE_ADAM);
+  EXPECT_NE(adam.master, by_array.master);  // L2 penalty instead of decoupled decay
+}
+
+TEST(AdamwSelected, BitwiseIdenticalAcrossPoolSizes) {
+  std::mt19937_64 rng(11);
+  // Large enough (rows * k over 32K) that the host twin splits the work over the pool.
+  const Case original = make_case(ZF_DTYPE_F16, ZF_DTYPE_BF16, 1031, 97, 41, true, rng);
+  std::vector<Case> results;
+  for (const int threads : {1, 2, 3}) {
+    zenflow::ScopedNumThreads pool(threads);
+    Case c = original;
+    const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {41});
+    zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, {sel}, {c.state()}, {1e-3}, {0.01});
+    results.push_back(c);
+  }
+  for (size_t r = 1; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].param.half, results[0].param.half);
+    EXPECT_EQ(results[r].master, results[0].master);
+    EXPECT_EQ(results[r].exp_avg, results[0].exp_avg);
+    EXPECT_EQ(results[r].exp_avg_sq, results[0].exp_avg_sq);
+    EXPECT_EQ(results[r].steps, results[0].steps);
+  }
+}
+
+TEST(AdamwSelected, PlanRunsWithFreshPointersAsTheCEntryPoint) {
+  std::mt19937_64 rng(12);
+  const Case original = make_case(ZF_DTYPE_BF16, ZF_DTYPE_BF16, 13, 29, 6, true, rng);
+  Case by_call = original;
+  const zf_tensor sel = zenflow::contiguous_tensor(by_call.selected.data(), ZF_DTYPE_I32, {6});
+  for (int step = 0; step < 3; ++step) {
+    zenflow::adamw_selected_columns({by_call.param.tensor()}, {by_call.grad.tensor()}, {sel}, {by_call.state()}, {1e-3},
+                                    {0.01});
+  }
+  zf::AdamwSelectedPlan plan({{13, 29, 6, ZF_DTYPE_BF16, ZF_DTYPE_BF16, true}}, zenflow::default_adam_hparams());
+  Case by_plan = original;
+  auto pool = zf::global_thread_pool();
+  for (int step = 0; step < 3; ++step) {
+    Case fresh = by_plan;  // new buffers every step: the plan holds no pointer
+    const zf::AdamwSelectedPointers pointers{fresh.param.data(),
+                                             fresh.grad.data(),
+                                             fresh.selected.data(),
+                                             fresh.master.data(),
+                                             fresh.exp_avg.data(),
+                                             fresh.exp_avg_sq.data(),
+                                             fresh.steps.data(),
+                                             1e-3,
+                                             0.01};
+    plan.run(*pool, &pointers, 1.0f);
+    by_plan = fresh;
+  }
+  EXPECT_EQ(by_plan.param.half, by_call.param.half);
+  EXPECT_EQ(by_plan.master, by_call.master);
+  EXPECT_EQ(by_plan.steps, by_call.steps);
 }
 
 }  // namespace

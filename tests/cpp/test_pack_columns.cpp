@@ -289,4 +289,67 @@ TEST(Exchange, WrongBufferSizesFailAndWriteNothing) {
   for (float v : out_s.master) EXPECT_EQ(v, -1.0f);
 }
 
+TEST(Pack, PackedBufferAliasingAMatrixIsRejected) {
+  std::vector<float> grad(4 * 6, 1.0f);
+  const std::vector<float> before = grad;
+  const zf_tensor grad_t = zenflow::contiguous_tensor(grad.data(), ZF_DTYPE_F32, {4, 6});
+  const zf_tensor packed_t = zenflow::contiguous_tensor(grad.data() + 2, ZF_DTYPE_F32, {24});
+  EXPECT_EQ(zf_pack_columns(&grad_t, nullptr, 1, &packed_t, nullptr, nullptr), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("overlaps"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(zf_scatter_columns(&packed_t, &grad_t, nullptr, 1, nullptr), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(grad, before);
+}
+
+TEST(Exchange, NewStateAliasingOldStateIsRejected) {
+  std::mt19937_64 rng(23);
+  std::vector<int32_t> old_sel = {1, 4}, new_sel = {1, 4};
+  StateStore old_s(3, 2, false, true, 0.0f), in_s(3, 0, true, true, 0.0f), out_s(3, 0, true, true, 0.0f);
+  old_s.randomize(rng);
+  const StateStore before = old_s;
+  zenflow::ExchangeArgs args;
+  args.old_selected.push_back(zenflow::contiguous_tensor(old_sel.data(), ZF_DTYPE_I32, {2}));
+  args.new_selected.push_back(zenflow::contiguous_tensor(new_sel.data(), ZF_DTYPE_I32, {2}));
+  args.old_state.push_back(old_s.view());
+  args.new_state.push_back(old_s.view());  // in place: a move would read what it just wrote
+  args.entering.push_back(in_s.view());
+  args.leaving.push_back(out_s.view());
+  EXPECT_THROW(zenflow::exchange_selected_columns(args), zenflow::Error);
+  EXPECT_NE(std::string(zf_last_error()).find("overlaps"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(old_s.exp_avg, before.exp_avg);
+  EXPECT_EQ(old_s.steps, before.steps);
+}
+
+TEST(Exchange, BadMasterDescriptorIsCheckedBeforeItsShapeIsRead) {
+  std::mt19937_64 rng(24);
+  std::vector<int32_t> old_sel = {1}, new_sel = {2};
+  StateStore old_s(3, 1, false, true, 0.0f), new_s(3, 1, false, true, 0.0f), in_s(3, 1, true, true, 0.0f),
+      out_s(3, 1, true, true, 0.0f);
+  zenflow::ExchangeArgs args;
+  args.old_selected.push_back(zenflow::contiguous_tensor(old_sel.data(), ZF_DTYPE_I32, {1}));
+  args.new_selected.push_back(zenflow::contiguous_tensor(new_sel.data(), ZF_DTYPE_I32, {1}));
+  args.old_state.push_back(old_s.view());
+  args.new_state.push_back(new_s.view());
+  args.entering.push_back(in_s.view());
+  args.leaving.push_back(out_s.view());
+  args.old_state[0].master.ndim = 9;  // beyond shape[]: must not be read
+  EXPECT_THROW(zenflow::exchange_selected_columns(args), zenflow::Error);
+  EXPECT_NE(std::string(zf_last_error()).find("old_state[0].master: ndim 9"), std::string::npos) << zf_last_error();
+}
+
+TEST(PackedLayout, OffsetsAreTheOneDefinitionAndRejectBadShapes) {
+  EXPECT_EQ(zenflow::packed_offsets({2, 1, 5}, {3, 4, 0}, {1, 4, 0}), (std::vector<int64_t>{0, 4, 4, 4}));
+  EXPECT_EQ(zenflow::packed_offsets({}, {}, {}), (std::vector<int64_t>{0}));
+  std::vector<int64_t> offsets(2, -7);
+  const int64_t rows = 2, cols = 3, k = 5;
+  EXPECT_EQ(zf_packed_layout(&rows, &cols, &k, 1, offsets.data()), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("5 selected columns for 3 columns"), std::string::npos)
+      << zf_last_error();
+  const int64_t negative = -2;
+  EXPECT_EQ(zf_packed_layout(&negative, &cols, &k, 1, offsets.data()), ZF_ERROR_INVALID_VALUE);
+  const int64_t huge = int64_t{1} << 40, none = 0;
+  EXPECT_EQ(zf_packed_layout(&huge, &huge, &none, 1, offsets.data()), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("PTRDIFF_MAX"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(offsets, (std::vector<int64_t>{-7, -7}));  // nothing written on failure
+}
+
 }  // namespace

@@ -32,7 +32,7 @@
 #define ZENFLOW_CPU_ADAMW_H_
 
 #include "zenflow/optim.h"
-#include "zenflow/zenflow.h"
+#include "zenflow/types.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,7 +4,7 @@
 #ifndef ZENFLOW_NORMS_H_
 #define ZENFLOW_NORMS_H_
 
-#include "zenflow/zenflow.h"
+#include "zenflow/types.h"
 
 #ifdef __cplusplus
 extern "C" {

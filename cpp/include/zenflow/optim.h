@@ -7,7 +7,7 @@
 #ifndef ZENFLOW_OPTIM_H_
 #define ZENFLOW_OPTIM_H_
 
-#include "zenflow/zenflow.h"
+#include "zenflow/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,7 +63,8 @@ typedef struct zf_adam_hparams {
 } zf_adam_hparams;
 
 /* torch.optim.AdamW's defaults, as an initializer: zf_adam_hparams h = ZF_ADAM_HPARAMS_DEFAULT; */
-#define ZF_ADAM_HPARAMS_DEFAULT {0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW}
+#define ZF_ADAM_HPARAMS_DEFAULT \
+  { 0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW }
 
 /*
  * In-place Adam/AdamW on the selected columns of a list of matrices, one launch for all.

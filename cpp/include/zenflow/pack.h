@@ -7,7 +7,7 @@
 #define ZENFLOW_PACK_H_
 
 #include "zenflow/optim.h"
-#include "zenflow/zenflow.h"
+#include "zenflow/types.h"
 
 #ifdef __cplusplus
 extern "C" {

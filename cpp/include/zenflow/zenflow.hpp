@@ -81,23 +81,38 @@ inline void select_topk_columns(const std::vector<zf_tensor>& scores, const std:
 
 // ---- column ops (see zenflow/optim.h and zenflow/pack.h for the contracts) ----
 
-constexpr zf_adamw_options default_adamw_options() { return zf_adamw_options{0.9, 0.999, 1e-8}; }
+// torch.optim.AdamW's beta1, beta2, eps and decoupled weight decay.
+inline zf_adam_hparams default_adam_hparams() {
+  const zf_adam_hparams defaults = ZF_ADAM_HPARAMS_DEFAULT;
+  return defaults;
+}
 
-// `selected` empty: every column (dense AdamW). grad_scale and noop may be null.
+// `selected` empty: every column (dense AdamW). lr_tensor, grad_scale and noop may be null;
+// with lr_tensor, `lr` may be empty.
 inline void adamw_selected_columns(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& grads,
                                    const std::vector<zf_tensor>& selected, const std::vector<zf_column_state>& state,
                                    const std::vector<double>& lr, const std::vector<double>& weight_decay,
-                                   zf_adamw_options options = default_adamw_options(),
+                                   const zf_adam_hparams& hparams = default_adam_hparams(),
                                    const zf_tensor* grad_scale = nullptr, const zf_tensor* noop = nullptr,
-                                   zf_stream stream = nullptr) {
+                                   const zf_tensor* lr_tensor = nullptr, zf_stream stream = nullptr) {
   const size_t count = params.size();
-  if (grads.size() != count || state.size() != count || lr.size() != count || weight_decay.size() != count ||
-      (!selected.empty() && selected.size() != count)) {
+  if (grads.size() != count || state.size() != count || (lr_tensor == nullptr && lr.size() != count) ||
+      weight_decay.size() != count || (!selected.empty() && selected.size() != count)) {
     throw Error(ZF_ERROR_INVALID_VALUE, "adamw_selected_columns: argument lists differ in length");
   }
   check(zf_adamw_selected_columns(params.data(), grads.data(), selected.empty() ? nullptr : selected.data(),
-                                  state.data(), lr.data(), weight_decay.data(), count, options, grad_scale, noop,
-                                  stream));
+                                  state.data(), count, lr.empty() ? nullptr : lr.data(), weight_decay.data(), lr_tensor,
+                                  &hparams, grad_scale, noop, stream));
+}
+
+// Offsets of the packed layout (zf_packed_layout): count + 1 values, the last the total.
+inline std::vector<int64_t> packed_offsets(const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                                           const std::vector<int64_t>& selected_counts) {
+  if (cols.size() != rows.size() || selected_counts.size() != rows.size())
+    throw Error(ZF_ERROR_INVALID_VALUE, "packed_offsets: argument lists differ in length");
+  std::vector<int64_t> offsets(rows.size() + 1);
+  check(zf_packed_layout(rows.data(), cols.data(), selected_counts.data(), rows.size(), offsets.data()));
+  return offsets;
 }
 
 // `selected` empty: no column is selected (every column is packed).

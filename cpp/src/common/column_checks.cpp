@@ -33,7 +33,7 @@ int64_t check_selected(const zf_tensor* t, const ArgName& name, int64_t n, const
       if (indices[c] >= 0 && indices[c] < n && (c == 0 || indices[c] > indices[c - 1])) continue;
       require(indices[c] >= 0 && indices[c] < n, ZF_ERROR_INVALID_VALUE, name, ": index ", indices[c], " at position ",
               c, " is outside [0, ", n, ")");
-      fail(ZF_ERROR_INVALID_VALUE, name, ": indices must be strictly increasing (sorted, no duplicates); position ",
+      fail(ZF_ERROR_INVALID_VALUE, name, ": indices must be ascending and distinct (strictly increasing); position ",
            c - 1, " holds ", indices[c - 1], ", position ", c, " holds ", indices[c]);
     }
   }
@@ -62,7 +62,8 @@ void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name
   const int32_t maximum = std::numeric_limits<int32_t>::max() - headroom;
   for (int64_t c = 0; c < count; ++c) {
     if (counts[c] >= minimum && counts[c] <= maximum) continue;
-    if (counts[c] < minimum) fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c], " is below ", minimum);
+    if (counts[c] < minimum)
+      fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c], " is below ", minimum);
     fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c],
          " cannot be incremented (it would pass INT32_MAX)");
   }
@@ -72,8 +73,8 @@ void OverlapCheck::add(const zf_tensor& t, const ArgName& name, bool written) {
   const int64_t bytes = numel(t) * static_cast<int64_t>(zf_dtype_size(t.dtype));
   if (bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type),
-                          t.device.index, written, name});
+  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type), t.device.index,
+                          written, name});
 }
 
 void OverlapCheck::check() {

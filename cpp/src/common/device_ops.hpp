@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/packed_layout.hpp"
+#include "common/tensor.hpp"
 #include "zenflow/optim.h"
 
 namespace zf {
@@ -34,8 +35,7 @@ struct CudaOps {
   void (*column_stats)(const zf_tensor* grads, const zf_tensor* col_sq, size_t count, float* total_sq,
                        int32_t* nonfinite, int device, bool accumulate, void* workspace, size_t workspace_bytes,
                        zf_stream stream) = nullptr;
-  size_t (*select_topk_workspace_bytes)(const zf_tensor* scores, const zf_tensor* out_indices,
-                                        size_t count) = nullptr;
+  size_t (*select_topk_workspace_bytes)(const zf_tensor* scores, const zf_tensor* out_indices, size_t count) = nullptr;
   void (*select_topk_columns)(const zf_tensor* scores, const zf_tensor* out_indices, size_t count, void* workspace,
                               size_t workspace_bytes, zf_stream stream) = nullptr;
   void (*adamw_selected_columns)(const AdamwSelectedArgs& args, zf_stream stream) = nullptr;

@@ -7,8 +7,8 @@
 namespace zf {
 
 void PackedLayout::add(int64_t rows, int64_t cols, int64_t selected, const char* name) {
-  require(rows >= 0 && cols >= 0, ZF_ERROR_INVALID_VALUE, name, "[", matrices_.size(), "]: negative size [", rows,
-          ", ", cols, "]");
+  require(rows >= 0 && cols >= 0, ZF_ERROR_INVALID_VALUE, name, "[", matrices_.size(), "]: negative size [", rows, ", ",
+          cols, "]");
   require(selected >= 0 && selected <= cols, ZF_ERROR_INVALID_VALUE, name, "[", matrices_.size(), "]: ", selected,
           " selected columns for ", cols, " columns");
   constexpr int64_t kMaxElements = std::numeric_limits<std::ptrdiff_t>::max() / 4;

@@ -18,7 +18,7 @@ namespace zf {
 // it lives no longer than the call that validates.
 class ArgName {
  public:
-  ArgName(const char* base) : base_(base) {}  // NOLINT: implicit, names are mostly literals
+  ArgName(const char* base) : base_(base) {}                 // NOLINT: implicit, names are mostly literals
   ArgName(const std::string& base) : base_(base.c_str()) {}  // NOLINT
   ArgName(const char* base, size_t index, const char* field = nullptr)
       : base_(base), index_(static_cast<int64_t>(index)), field_(field) {}

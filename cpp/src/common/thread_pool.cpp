@@ -136,3 +136,10 @@ void resize_global_thread_pool(int num_threads, std::vector<int> cores) {
 }
 
 }  // namespace zf
+
+namespace zf {
+namespace {
+thread_local int region_depth = 0;
+}
+bool in_parallel_region() { return region_depth > 0; }
+}  // namespace zf

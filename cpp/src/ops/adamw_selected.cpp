@@ -1,111 +1,172 @@
-// zf_adamw_selected_columns: validation, the host twin, and dispatch to CUDA.
+// zf_adamw_selected_columns: validation, the host plan, and dispatch to CUDA.
+#include <algorithm>
 #include <cmath>
-#include <memory>
+#include <limits>
 #include <vector>
 
 #include "common/adam_math.hpp"
+#include "common/column_checks.hpp"
 #include "common/column_index.hpp"
+#include "common/device_ops.hpp"
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
-#include "ops/column_ops.hpp"
-#include "ops/device_dispatch.hpp"
+#include "ops/adamw_selected_plan.hpp"
 #include "zenflow/optim.h"
 
-#if defined(ZENFLOW_WITH_CUDA)
-#include "cuda/optim/adamw_selected_launch.hpp"
-#endif
-
 namespace zf {
+
+namespace {
+// Below this many elements the pool's wake-up costs more than the second thread saves.
+constexpr int64_t kParallelMinElements = int64_t{1} << 15;
+}  // namespace
+
+AdamwSelectedPlan::AdamwSelectedPlan(std::vector<AdamwSelectedMatrix> matrices, const zf_adam_hparams& hparams)
+    : matrices_(std::move(matrices)), hparams_(hparams) {
+  work_offsets_.assign(matrices_.size() + 1, 0);
+  scalar_offsets_.assign(matrices_.size() + 1, 0);
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    work_offsets_[i + 1] = work_offsets_[i] + matrices_[i].rows * matrices_[i].k;
+    scalar_offsets_[i + 1] = scalar_offsets_[i] + static_cast<size_t>(matrices_[i].k);
+  }
+  scalars_.resize(scalar_offsets_.back());
+}
+
+void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* pointers, float grad_scale) {
+  // The step scalars of every column, once per column (not per element).
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    const AdamHyperParams hyper{pointers[i].lr, hparams_.beta1,           hparams_.beta2,
+                                hparams_.eps,   pointers[i].weight_decay, hparams_.mode == ZF_ADAM_MODE_ADAMW};
+    for (int64_t c = 0; c < matrices_[i].k; ++c) {
+      scalars_[scalar_offsets_[i] + static_cast<size_t>(c)] =
+          adam_step_scalars(hyper, int64_t{pointers[i].steps[c]} + 1);
+    }
+  }
+  // Elements (r, c) of all matrices, row-major within each, as one range split over the pool.
+  const int64_t total = work_offsets_.back();
+  const auto update_range = [&](int64_t begin, int64_t end) {
+    size_t i = static_cast<size_t>(std::upper_bound(work_offsets_.begin(), work_offsets_.end(), begin) -
+                                   work_offsets_.begin()) -
+               1;
+    for (int64_t e = begin; e < end; ++i) {
+      const int64_t matrix_end = std::min(end, work_offsets_[i + 1]);
+      const AdamwSelectedMatrix& m = matrices_[i];
+      const AdamwSelectedPointers& p = pointers[i];
+      const AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
+      for (; e < matrix_end; ++e) {
+        const int64_t slot = e - work_offsets_[i];  // r * k + c: the compact state's index
+        const int64_t r = slot / m.k, c = slot % m.k;
+        const int64_t element = row_major_index(m.cols, r, selected_column(p.selected, c));
+        const float g = load_as_float(p.grad, m.grad_dtype, element) * grad_scale;
+        float value = p.master ? p.master[slot] : load_as_float(p.param, m.param_dtype, element);
+        adam_update_element(value, p.exp_avg[slot], p.exp_avg_sq[slot], g, column_scalars[c]);
+        if (p.master) p.master[slot] = value;
+        store_from_float(p.param, m.param_dtype, element, value);
+      }
+    }
+  };
+  if (total < kParallelMinElements || pool.size() == 1 || in_parallel_region()) {
+    update_range(0, total);
+  } else {
+    pool.run([&](int thread, int threads) {
+      int64_t begin, end;
+      split_range(0, total, thread, threads, &begin, &end);
+      if (begin < end) update_range(begin, end);
+    });
+  }
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    for (int64_t c = 0; c < matrices_[i].k; ++c) pointers[i].steps[c] += 1;
+  }
+}
+
 namespace {
 
+void check_hparams(const zf_adam_hparams* h) {
+  require(h != nullptr, ZF_ERROR_INVALID_VALUE, "hparams: is NULL");
+  require(std::isfinite(h->beta1) && h->beta1 >= 0.0 && h->beta1 < 1.0, ZF_ERROR_INVALID_VALUE,
+          "hparams.beta1: must be in [0, 1), got ", h->beta1);
+  require(std::isfinite(h->beta2) && h->beta2 >= 0.0 && h->beta2 < 1.0, ZF_ERROR_INVALID_VALUE,
+          "hparams.beta2: must be in [0, 1), got ", h->beta2);
+  require(std::isfinite(h->eps) && h->eps >= 0.0, ZF_ERROR_INVALID_VALUE, "hparams.eps: must be finite and >= 0, got ",
+          h->eps);
+  const int mode = static_cast<int>(h->mode);
+  require(mode == ZF_ADAM_MODE_ADAMW || mode == ZF_ADAM_MODE_ADAM, ZF_ERROR_INVALID_VALUE,
+          "hparams.mode: unknown mode ", mode);
+}
+
 zf_device validate(const zf_tensor* params, const zf_tensor* grads, const zf_tensor* selected,
-                   const zf_column_state* state, const double* lr, const double* weight_decay, size_t count,
-                   const zf_adamw_options& options, const zf_tensor* grad_scale, const zf_tensor* noop) {
-  require(count == 0 ||
-              (params != nullptr && grads != nullptr && state != nullptr && lr != nullptr && weight_decay != nullptr),
+                   const zf_column_state* state, size_t count, const double* lr, const double* weight_decay,
+                   const zf_tensor* lr_tensor, const zf_adam_hparams* hparams, const zf_tensor* grad_scale,
+                   const zf_tensor* noop) {
+  require(count == 0 || (params != nullptr && grads != nullptr && state != nullptr && weight_decay != nullptr &&
+                         (lr != nullptr || lr_tensor != nullptr)),
           ZF_ERROR_INVALID_VALUE, "params/grads/state/lr/weight_decay: NULL array with count=", count);
-  require(options.beta1 >= 0.0f && options.beta1 < 1.0f, ZF_ERROR_INVALID_VALUE, "beta1: ", options.beta1,
-          " is outside [0, 1)");
-  require(options.beta2 >= 0.0f && options.beta2 < 1.0f, ZF_ERROR_INVALID_VALUE, "beta2: ", options.beta2,
-          " is outside [0, 1)");
-  require(std::isfinite(options.eps) && options.eps >= 0.0f, ZF_ERROR_INVALID_VALUE, "eps: ", options.eps,
-          " must be finite and >= 0");
+  check_hparams(hparams);
   zf_device device{ZF_DEVICE_CPU, 0};
-  std::string source = "params[0]";
+  ArgName source("params", 0);
   if (count > 0) {
-    check_descriptor(&params[0], "params[0]");
+    check_descriptor(&params[0], source);
     device = params[0].device;
   } else if (grad_scale != nullptr) {
     check_descriptor(grad_scale, "grad_scale");
     device = grad_scale->device;
-    source = "grad_scale";
+    source = ArgName("grad_scale");
   }
   check_device_compiled(device, source);
-  if (grad_scale != nullptr) check_state_tensor(*grad_scale, "grad_scale", ZF_DTYPE_F32, 1, device, source);
-  if (noop != nullptr) check_state_tensor(*noop, "noop", ZF_DTYPE_I32, 1, device, source);
+  OverlapCheck overlap;
+  overlap.reserve(7 * count + 3);
+  if (grad_scale != nullptr) {
+    check_state_tensor(*grad_scale, "grad_scale", ZF_DTYPE_F32, 1, device, source);
+    overlap.add(*grad_scale, "grad_scale", false);
+  }
+  if (noop != nullptr) {
+    check_state_tensor(*noop, "noop", ZF_DTYPE_I32, 1, device, source);
+    overlap.add(*noop, "noop", false);
+  }
+  if (lr_tensor != nullptr) {
+    check_state_tensor(*lr_tensor, "lr_tensor", ZF_DTYPE_F32, static_cast<int64_t>(count), device, source);
+    overlap.add(*lr_tensor, "lr_tensor", false);
+    if (device.type == ZF_DEVICE_CPU) {
+      for (size_t i = 0; i < count; ++i) {
+        const float value = static_cast<const float*>(lr_tensor->data)[i];
+        require(std::isfinite(value) && value >= 0.0f, ZF_ERROR_INVALID_VALUE, "lr_tensor[", i, "]: ", value,
+                " must be finite and >= 0");
+      }
+    }
+  }
   for (size_t i = 0; i < count; ++i) {
-    const std::string param_name = arg_name("params", i), grad_name = arg_name("grads", i);
+    const ArgName param_name("params", i), grad_name("grads", i), state_name("state", i);
     const MatrixView view = check_float_matrix(&params[i], param_name, device, source);
     check_float_matrix(&grads[i], grad_name, device, source);
     require(numel(grads[i]) == numel(params[i]) && matrix_view(grads[i]).cols == view.cols, ZF_ERROR_INVALID_VALUE,
             grad_name, ": shape differs from ", param_name);
-    const int64_t k =
-        selected ? check_selected(&selected[i], arg_name("selected", i), view.cols, device, source) : view.cols;
-    const std::string state_name = arg_name("state", i);
-    check_master(state[i].master, state_name + ".master", view.rows * k, device, source);
-    check_state_tensor(state[i].exp_avg, state_name + ".exp_avg", ZF_DTYPE_F32, view.rows * k, device, source);
-    check_state_tensor(state[i].exp_avg_sq, state_name + ".exp_avg_sq", ZF_DTYPE_F32, view.rows * k, device, source);
-    check_state_tensor(state[i].steps, state_name + ".steps", ZF_DTYPE_I32, k, device, source);
-    require(std::isfinite(lr[i]) && lr[i] >= 0.0f, ZF_ERROR_INVALID_VALUE, "lr[", i, "]: ", lr[i],
-            " must be finite and >= 0");
-    require(std::isfinite(weight_decay[i]) && weight_decay[i] >= 0.0f, ZF_ERROR_INVALID_VALUE, "weight_decay[", i,
+    const ArgName selected_name("selected", i);
+    const int64_t k = selected ? check_selected(&selected[i], selected_name, view.cols, device, source) : view.cols;
+    const ArgName master_name = state_name.with_field("master"), m_name = state_name.with_field("exp_avg"),
+                  v_name = state_name.with_field("exp_avg_sq"), steps_name = state_name.with_field("steps");
+    check_master(state[i].master, master_name, view.rows * k, device, source);
+    check_state_tensor(state[i].exp_avg, m_name, ZF_DTYPE_F32, view.rows * k, device, source);
+    check_state_tensor(state[i].exp_avg_sq, v_name, ZF_DTYPE_F32, view.rows * k, device, source);
+    check_state_tensor(state[i].steps, steps_name, ZF_DTYPE_I32, k, device, source);
+    if (device.type == ZF_DEVICE_CPU) {
+      check_step_counts(static_cast<const int32_t*>(state[i].steps.data), k, steps_name, 0, 1);
+    }
+    if (lr != nullptr && lr_tensor == nullptr) {
+      require(std::isfinite(lr[i]) && lr[i] >= 0.0, ZF_ERROR_INVALID_VALUE, "lr[", i, "]: ", lr[i],
+              " must be finite and >= 0");
+    }
+    require(std::isfinite(weight_decay[i]) && weight_decay[i] >= 0.0, ZF_ERROR_INVALID_VALUE, "weight_decay[", i,
             "]: ", weight_decay[i], " must be finite and >= 0");
+    overlap.add(params[i], param_name, true);
+    overlap.add(grads[i], grad_name, false);
+    if (selected) overlap.add(selected[i], selected_name, false);
+    overlap.add(state[i].master, master_name, true);
+    overlap.add(state[i].exp_avg, m_name, true);
+    overlap.add(state[i].exp_avg_sq, v_name, true);
+    overlap.add(state[i].steps, steps_name, true);
   }
+  overlap.check();
   return device;
-}
-
-void adamw_selected_host(const zf_tensor* params, const zf_tensor* grads, const zf_tensor* selected,
-                         const zf_column_state* state, const double* lr, const double* weight_decay, size_t count,
-                         const zf_adamw_options& options, const float* grad_scale, const int32_t* noop) {
-  if (noop != nullptr && *noop != 0) return;
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  const std::shared_ptr<ThreadPool> pool_owner = global_thread_pool();
-  ThreadPool& pool = *pool_owner;
-  for (size_t i = 0; i < count; ++i) {
-    const MatrixView view = matrix_view(params[i]);
-    const int32_t* sel = selected ? static_cast<const int32_t*>(selected[i].data) : nullptr;
-    const int64_t k = selected ? selected[i].shape[0] : view.cols;
-    if (k == 0) continue;
-    int32_t* steps = static_cast<int32_t*>(state[i].steps.data);
-    const AdamHyperParams hyper{lr[i], options.beta1, options.beta2, options.eps, weight_decay[i], true};
-    std::vector<AdamStepScalars> scalars(static_cast<size_t>(k));
-    for (int64_t c = 0; c < k; ++c) scalars[static_cast<size_t>(c)] = adam_step_scalars(hyper, int64_t{steps[c]} + 1);
-
-    void* param = params[i].data;
-    const void* grad = grads[i].data;
-    const int32_t param_dtype = params[i].dtype, grad_dtype = grads[i].dtype;
-    float* master = numel(state[i].master) > 0 ? static_cast<float*>(state[i].master.data) : nullptr;
-    float* exp_avg = static_cast<float*>(state[i].exp_avg.data);
-    float* exp_avg_sq = static_cast<float*>(state[i].exp_avg_sq.data);
-    const int64_t rows = view.rows, cols = view.cols;
-    pool.run([&](int thread, int threads) {
-      int64_t row_begin, row_end;
-      split_range(0, rows, thread, threads, &row_begin, &row_end);
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        for (int64_t c = 0; c < k; ++c) {
-          const int64_t element = row_major_index(cols, r, selected_column(sel, c));
-          const int64_t slot = row_major_index(k, r, c);
-          const float g = load_as_float(grad, grad_dtype, element) * scale;
-          float p = master ? master[slot] : load_as_float(param, param_dtype, element);
-          adam_update_element(p, exp_avg[slot], exp_avg_sq[slot], g, scalars[static_cast<size_t>(c)]);
-          if (master) master[slot] = p;
-          store_from_float(param, param_dtype, element, p);
-        }
-      }
-    });
-    for (int64_t c = 0; c < k; ++c) steps[c] += 1;
-  }
 }
 
 }  // namespace
@@ -113,21 +174,41 @@ void adamw_selected_host(const zf_tensor* params, const zf_tensor* grads, const 
 
 extern "C" ZF_API zf_status zf_adamw_selected_columns(const zf_tensor* params, const zf_tensor* grads,
                                                       const zf_tensor* selected, const zf_column_state* state,
-                                                      const double* lr, const double* weight_decay, size_t count,
-                                                      zf_adamw_options options, const zf_tensor* grad_scale,
-                                                      const zf_tensor* noop, zf_stream stream) {
+                                                      size_t count, const double* lr, const double* weight_decay,
+                                                      const zf_tensor* lr_tensor, const zf_adam_hparams* hparams,
+                                                      const zf_tensor* grad_scale, const zf_tensor* noop,
+                                                      zf_stream stream) {
   return zf::api_call([&] {
     const zf_device device =
-        zf::validate(params, grads, selected, state, lr, weight_decay, count, options, grad_scale, noop);
+        zf::validate(params, grads, selected, state, count, lr, weight_decay, lr_tensor, hparams, grad_scale, noop);
     const float* scale = grad_scale ? static_cast<const float*>(grad_scale->data) : nullptr;
     const int32_t* skip = noop ? static_cast<const int32_t*>(noop->data) : nullptr;
+    const float* lr_values = lr_tensor ? static_cast<const float*>(lr_tensor->data) : nullptr;
     if (device.type == ZF_DEVICE_CUDA) {
-#if defined(ZENFLOW_WITH_CUDA)
-      zf::cuda::adamw_selected_columns(params, grads, selected, state, lr, weight_decay, count, options, scale, skip,
-                                       stream);
-#endif
+      const zf::AdamwSelectedArgs args{params,       grads,     selected, state, count, lr,
+                                       weight_decay, lr_values, *hparams, scale, skip,  device.index};
+      zf::cuda_ops().adamw_selected_columns(args, stream);
       return;
     }
-    zf::adamw_selected_host(params, grads, selected, state, lr, weight_decay, count, options, scale, skip);
+    if (skip != nullptr && *skip != 0) return;
+    std::vector<zf::AdamwSelectedMatrix> matrices(count);
+    std::vector<zf::AdamwSelectedPointers> pointers(count);
+    for (size_t i = 0; i < count; ++i) {
+      const zf::MatrixView view = zf::matrix_view(params[i]);
+      const int64_t k = selected ? selected[i].shape[0] : view.cols;
+      const bool has_master = zf::numel(state[i].master) > 0;
+      matrices[i] = {view.rows, view.cols, k, params[i].dtype, grads[i].dtype, has_master};
+      pointers[i] = {params[i].data,
+                     grads[i].data,
+                     selected ? static_cast<const int32_t*>(selected[i].data) : nullptr,
+                     has_master ? static_cast<float*>(state[i].master.data) : nullptr,
+                     static_cast<float*>(state[i].exp_avg.data),
+                     static_cast<float*>(state[i].exp_avg_sq.data),
+                     static_cast<int32_t*>(state[i].steps.data),
+                     lr_values ? static_cast<double>(lr_values[i]) : lr[i],
+                     weight_decay[i]};
+    }
+    zf::AdamwSelectedPlan plan(std::move(matrices), *hparams);
+    plan.run(*zf::global_thread_pool(), pointers.data(), scale ? *scale : 1.0f);
   });
 }

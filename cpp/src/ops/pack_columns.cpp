@@ -1,29 +1,84 @@
 // zf_pack_columns, zf_scatter_columns and zf_exchange_selected_columns: validation, the
-// host twins, and dispatch to CUDA.
+// host plans, and dispatch to CUDA.
 #include <algorithm>
-#include <string>
 #include <utility>
 #include <vector>
 
+#include "common/column_checks.hpp"
 #include "common/column_index.hpp"
+#include "common/device_ops.hpp"
 #include "common/error.hpp"
+#include "common/packed_layout.hpp"
 #include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
-#include "ops/column_ops.hpp"
-#include "ops/device_dispatch.hpp"
+#include "ops/pack_plan.hpp"
 #include "zenflow/pack.h"
 
-#if defined(ZENFLOW_WITH_CUDA)
-#include "cuda/pack/pack_columns_launch.hpp"
-#endif
-
 namespace zf {
+
+namespace {
+// Unselected columns per block: each block writes (pack) or reads (scatter) whole contiguous
+// packed columns while the matrix is walked row by row.
+constexpr int64_t kHostColumnBlock = 64;
+}  // namespace
+
+PackPlan::PackPlan(PackedLayout layout, std::vector<zf_dtype> dtypes, zf_dtype packed_dtype)
+    : layout_(std::move(layout)), dtypes_(std::move(dtypes)), packed_dtype_(packed_dtype) {
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const PackedMatrix& m = layout_[i];
+    if (m.rows == 0) continue;
+    for (int64_t j = 0; j < m.unselected(); j += kHostColumnBlock) {
+      blocks_.push_back({i, j, std::min(m.unselected(), j + kHostColumnBlock)});
+    }
+  }
+}
+
+void PackPlan::run(ThreadPool& pool, void* const* matrices, const int32_t* const* selected, void* packed, float scale,
+                   bool to_packed) const {
+  const auto run_blocks = [&](int64_t begin, int64_t end) {
+    int64_t columns[kHostColumnBlock];
+    for (int64_t b = begin; b < end; ++b) {
+      const Block& block = blocks_[static_cast<size_t>(b)];
+      const PackedMatrix& m = layout_[block.matrix];
+      void* matrix = matrices[block.matrix];
+      const zf_dtype dtype = dtypes_[block.matrix];
+      const int32_t* sel = m.selected > 0 ? selected[block.matrix] : nullptr;
+      const int32_t k = static_cast<int32_t>(m.selected);
+      const int64_t width = block.last - block.first;
+      for (int64_t j = 0; j < width; ++j) columns[j] = unselected_column(sel, k, block.first + j);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        for (int64_t j = 0; j < width; ++j) {
+          const int64_t element = row_major_index(m.cols, r, columns[j]);
+          const int64_t slot = packed_index(m.offset, m.rows, block.first + j, r);
+          if (to_packed) {
+            store_from_float(packed, packed_dtype_, slot, load_as_float(matrix, dtype, element) * scale);
+          } else {
+            store_from_float(matrix, dtype, element, load_as_float(packed, packed_dtype_, slot));
+          }
+        }
+      }
+    }
+  };
+  const int64_t block_count = static_cast<int64_t>(blocks_.size());
+  if (block_count <= 1 || pool.size() == 1 || in_parallel_region()) {
+    run_blocks(0, block_count);
+    return;
+  }
+  pool.run([&](int thread, int threads) {
+    int64_t begin, end;
+    split_range(0, block_count, thread, threads, &begin, &end);
+    run_blocks(begin, end);
+  });
+}
+
 namespace {
 
 // ---- pack and scatter ---------------------------------------------------------------------
 
-zf_device validate_pack(const zf_tensor* matrices, const char* matrix_label, const zf_tensor* selected, size_t count,
-                        const zf_tensor* packed, const zf_tensor* scale) {
+// Validates a pack or scatter call and derives its layout. The matrices are written by a
+// scatter, the packed buffer by a pack.
+PackedLayout validate_pack(const zf_tensor* matrices, const char* matrix_label, const zf_tensor* selected, size_t count,
+                           const zf_tensor* packed, const zf_tensor* scale, bool to_packed) {
   require(count == 0 || matrices != nullptr, ZF_ERROR_INVALID_VALUE, matrix_label, ": NULL array with count=", count);
   check_descriptor(packed, "packed");
   const zf_device device = packed->device;
@@ -31,69 +86,48 @@ zf_device validate_pack(const zf_tensor* matrices, const char* matrix_label, con
   check_dtype(*packed, "packed", {ZF_DTYPE_F32, ZF_DTYPE_F16, ZF_DTYPE_BF16});
   check_ndim(*packed, "packed", 1);
   check_contiguous(*packed, "packed");
-  if (scale != nullptr) check_state_tensor(*scale, "scale", ZF_DTYPE_F32, 1, device, "packed");
-  int64_t total = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const MatrixView view = check_float_matrix(&matrices[i], arg_name(matrix_label, i), device, "packed");
-    const int64_t k = selected ? check_selected(&selected[i], arg_name("selected", i), view.cols, device, "packed") : 0;
-    total += view.rows * (view.cols - k);
+  OverlapCheck overlap;
+  overlap.reserve(2 * count + 2);
+  overlap.add(*packed, "packed", to_packed);
+  if (scale != nullptr) {
+    check_state_tensor(*scale, "scale", ZF_DTYPE_F32, 1, device, "packed");
+    overlap.add(*scale, "scale", false);
   }
-  require(packed->shape[0] == total, ZF_ERROR_INVALID_VALUE, "packed: has ", packed->shape[0],
-          " elements, but the unselected columns hold ", total);
-  return device;
+  PackedLayout layout;
+  layout.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ArgName matrix_name(matrix_label, i), selected_name("selected", i);
+    const MatrixView view = check_float_matrix(&matrices[i], matrix_name, device, "packed");
+    const int64_t k = selected ? check_selected(&selected[i], selected_name, view.cols, device, "packed") : 0;
+    layout.add(view.rows, view.cols, k, matrix_label);
+    overlap.add(matrices[i], matrix_name, !to_packed);
+    if (selected) overlap.add(selected[i], selected_name, false);
+  }
+  require(packed->shape[0] == layout.total(), ZF_ERROR_INVALID_VALUE, "packed: has ", packed->shape[0],
+          " elements, but the unselected columns hold ", layout.total());
+  overlap.check();
+  return layout;
 }
 
-// Blocks of unselected columns, each written (pack) or read (scatter) as whole contiguous
-// packed columns while the matrix is walked row by row.
-constexpr int64_t kHostColumnBlock = 64;
-
-void pack_or_scatter_host(const zf_tensor* matrices, const zf_tensor* selected, size_t count, const zf_tensor& packed,
-                          const float* scale_ptr, bool to_packed) {
-  struct Block {
-    size_t matrix;
-    int64_t first, last;  // unselected-column range
-  };
-  std::vector<int64_t> offsets(count, 0);
-  std::vector<Block> blocks;
-  int64_t offset = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const MatrixView view = matrix_view(matrices[i]);
-    const int64_t k = selected ? selected[i].shape[0] : 0;
-    const int64_t unselected = view.cols - k;
-    offsets[i] = offset;
-    offset += view.rows * unselected;
-    if (view.rows == 0) continue;
-    for (int64_t j = 0; j < unselected; j += kHostColumnBlock) {
-      blocks.push_back({i, j, std::min(unselected, j + kHostColumnBlock)});
-    }
+void pack_or_scatter(const zf_tensor* matrices, const char* matrix_label, const zf_tensor* selected, size_t count,
+                     const zf_tensor* packed, const zf_tensor* scale, bool to_packed, zf_stream stream) {
+  PackedLayout layout = validate_pack(matrices, matrix_label, selected, count, packed, scale, to_packed);
+  const float* scale_ptr = scale ? static_cast<const float*>(scale->data) : nullptr;
+  if (packed->device.type == ZF_DEVICE_CUDA) {
+    cuda_ops().pack_or_scatter_columns(matrices, selected, layout, *packed, scale_ptr, to_packed, stream);
+    return;
   }
-  const float scale = scale_ptr ? *scale_ptr : 1.0f;
-  global_thread_pool()->run([&](int thread, int threads) {
-    int64_t begin, end;
-    split_range(0, static_cast<int64_t>(blocks.size()), thread, threads, &begin, &end);
-    int64_t columns[kHostColumnBlock];
-    for (int64_t b = begin; b < end; ++b) {
-      const Block& block = blocks[static_cast<size_t>(b)];
-      const zf_tensor& matrix = matrices[block.matrix];
-      const MatrixView view = matrix_view(matrix);
-      const int32_t* sel = selected ? static_cast<const int32_t*>(selected[block.matrix].data) : nullptr;
-      const int32_t k = selected ? static_cast<int32_t>(selected[block.matrix].shape[0]) : 0;
-      const int64_t width = block.last - block.first;
-      for (int64_t j = 0; j < width; ++j) columns[j] = unselected_column(sel, k, block.first + j);
-      for (int64_t r = 0; r < view.rows; ++r) {
-        for (int64_t j = 0; j < width; ++j) {
-          const int64_t element = row_major_index(view.cols, r, columns[j]);
-          const int64_t slot = packed_index(offsets[block.matrix], view.rows, block.first + j, r);
-          if (to_packed) {
-            store_from_float(packed.data, packed.dtype, slot,
-                             load_as_float(matrix.data, matrix.dtype, element) * scale);
-          } else {
-            store_from_float(matrix.data, matrix.dtype, element, load_as_float(packed.data, packed.dtype, slot));
-          }
-        }
-      }
-    }
-  });
+  std::vector<zf_dtype> dtypes(count);
+  std::vector<void*> data(count);
+  std::vector<const int32_t*> selected_data(count, nullptr);
+  for (size_t i = 0; i < count; ++i) {
+    dtypes[i] = matrices[i].dtype;
+    data[i] = matrices[i].data;
+    if (selected) selected_data[i] = static_cast<const int32_t*>(selected[i].data);
+  }
+  const PackPlan plan(std::move(layout), std::move(dtypes), packed->dtype);
+  plan.run(*global_thread_pool(), data.data(), selected_data.data(), packed->data, scale_ptr ? *scale_ptr : 1.0f,
+           to_packed);
 }
 
 // ---- selection exchange -------------------------------------------------------------------
@@ -103,22 +137,26 @@ struct ExchangeShape {
   bool master;
 };
 
-void check_state_layout(const zf_column_state& s, const std::string& name, int64_t first, int64_t second,
-                        bool master_expected, const zf_device& device) {
-  const std::string shape_hint = "expected [" + std::to_string(first) + ", " + std::to_string(second) + "]";
-  const bool has_master = check_master(s.master, name + ".master", first * second, device, "old_selected[0]");
-  require(has_master == master_expected || first * second == 0, ZF_ERROR_INVALID_VALUE, name,
-          ".master: present in some states of this matrix and absent in others");
-  for (const auto& [tensor, label] : {std::pair<const zf_tensor*, const char*>{&s.exp_avg, ".exp_avg"},
-                                      std::pair<const zf_tensor*, const char*>{&s.exp_avg_sq, ".exp_avg_sq"}}) {
-    check_state_tensor(*tensor, name + label, ZF_DTYPE_F32, first * second, device, "old_selected[0]");
-    require(tensor->ndim == 2 && tensor->shape[0] == first && tensor->shape[1] == second, ZF_ERROR_INVALID_VALUE, name,
-            label, ": ", shape_hint);
+// A state of [first, second] floats (and steps, checked by the caller); `written` says
+// whether the call writes it, for the overlap check.
+void check_state_layout(const zf_column_state& s, const ArgName& name, int64_t first, int64_t second,
+                        bool master_expected, const zf_device& device, OverlapCheck& overlap, bool written) {
+  const ArgName source("old_selected", 0);
+  const bool has_master = check_master(s.master, name.with_field("master"), first * second, device, source);
+  require(has_master == master_expected || first * second == 0, ZF_ERROR_INVALID_VALUE, name.with_field("master"),
+          ": present in some states of this matrix and absent in others");
+  const std::pair<const zf_tensor*, const char*> moments[] = {{&s.exp_avg, "exp_avg"}, {&s.exp_avg_sq, "exp_avg_sq"}};
+  for (const auto& [tensor, field] : moments) {
+    check_state_tensor(*tensor, name.with_field(field), ZF_DTYPE_F32, first * second, device, source);
+    require(tensor->ndim == 2 && tensor->shape[0] == first && tensor->shape[1] == second, ZF_ERROR_INVALID_VALUE,
+            name.with_field(field), ": expected [", first, ", ", second, "]");
+    overlap.add(*tensor, name.with_field(field), written);
   }
   if (has_master) {
     require(s.master.ndim == 2 && s.master.shape[0] == first && s.master.shape[1] == second, ZF_ERROR_INVALID_VALUE,
-            name, ".master: ", shape_hint);
+            name.with_field("master"), ": expected [", first, ", ", second, "]");
   }
+  overlap.add(s.master, name.with_field("master"), written);
 }
 
 // Staying/entering/leaving sets of one matrix from its two ascending lists (host tensors).
@@ -145,37 +183,53 @@ std::vector<ExchangeShape> validate_exchange(const zf_tensor* old_selected, cons
   require(count == 0 || (old_selected && new_selected && old_state && new_state && entering && leaving),
           ZF_ERROR_INVALID_VALUE, "exchange: NULL array with count=", count);
   std::vector<ExchangeShape> shapes;
+  shapes.reserve(count);
   zf_device device{ZF_DEVICE_CPU, 0};
+  const ArgName source("old_selected", 0);
   if (count > 0) {
-    check_descriptor(&old_selected[0], "old_selected[0]");
+    check_descriptor(&old_selected[0], source);
     device = old_selected[0].device;
   }
-  check_device_compiled(device, "old_selected[0]");
+  check_device_compiled(device, source);
+  OverlapCheck overlap;
+  overlap.reserve(18 * count);
   for (size_t i = 0; i < count; ++i) {
     ExchangeShape s{};
-    const std::string old_name = arg_name("old_state", i);
-    check_descriptor(&old_state[i].exp_avg, old_name + ".exp_avg");
-    check_ndim(old_state[i].exp_avg, old_name + ".exp_avg", 2);
+    const ArgName old_name("old_state", i), new_name("new_state", i), entering_name("entering", i),
+        leaving_name("leaving", i), old_selected_name("old_selected", i), new_selected_name("new_selected", i);
+    // Every descriptor is checked before any of its fields is read.
+    const zf_column_state* states[] = {&old_state[i], &new_state[i], &entering[i], &leaving[i]};
+    const ArgName state_names[] = {old_name, new_name, entering_name, leaving_name};
+    for (int which = 0; which < 4; ++which) {
+      check_descriptor(&states[which]->master, state_names[which].with_field("master"));
+      check_descriptor(&states[which]->exp_avg, state_names[which].with_field("exp_avg"));
+      check_descriptor(&states[which]->exp_avg_sq, state_names[which].with_field("exp_avg_sq"));
+      check_descriptor(&states[which]->steps, state_names[which].with_field("steps"));
+    }
+    check_ndim(old_state[i].exp_avg, old_name.with_field("exp_avg"), 2);
     s.rows = old_state[i].exp_avg.shape[0];
     const int64_t n_limit = INT32_MAX;
-    s.k_old = check_selected(&old_selected[i], arg_name("old_selected", i), n_limit, device, "old_selected[0]");
-    s.k_new = check_selected(&new_selected[i], arg_name("new_selected", i), n_limit, device, "old_selected[0]");
-    check_descriptor(&entering[i].steps, arg_name("entering", i) + ".steps");
-    check_descriptor(&leaving[i].steps, arg_name("leaving", i) + ".steps");
-    check_state_tensor(entering[i].steps, arg_name("entering", i) + ".steps", ZF_DTYPE_I32, numel(entering[i].steps),
-                       device, "old_selected[0]");
-    check_state_tensor(leaving[i].steps, arg_name("leaving", i) + ".steps", ZF_DTYPE_I32, numel(leaving[i].steps),
-                       device, "old_selected[0]");
+    s.k_old = check_selected(&old_selected[i], old_selected_name, n_limit, device, source);
+    s.k_new = check_selected(&new_selected[i], new_selected_name, n_limit, device, source);
+    check_state_tensor(entering[i].steps, entering_name.with_field("steps"), ZF_DTYPE_I32, numel(entering[i].steps),
+                       device, source);
+    check_state_tensor(leaving[i].steps, leaving_name.with_field("steps"), ZF_DTYPE_I32, numel(leaving[i].steps),
+                       device, source);
     s.entering = numel(entering[i].steps);
     s.leaving = numel(leaving[i].steps);
     s.master = numel(old_state[i].master) > 0 || numel(new_state[i].master) > 0;
-    check_state_layout(old_state[i], old_name, s.rows, s.k_old, s.master, device);
-    check_state_layout(new_state[i], arg_name("new_state", i), s.rows, s.k_new, s.master, device);
-    check_state_layout(entering[i], arg_name("entering", i), s.entering, s.rows, s.master, device);
-    check_state_layout(leaving[i], arg_name("leaving", i), s.leaving, s.rows, s.master, device);
-    check_state_tensor(old_state[i].steps, old_name + ".steps", ZF_DTYPE_I32, s.k_old, device, "old_selected[0]");
-    check_state_tensor(new_state[i].steps, arg_name("new_state", i) + ".steps", ZF_DTYPE_I32, s.k_new, device,
-                       "old_selected[0]");
+    check_state_layout(old_state[i], old_name, s.rows, s.k_old, s.master, device, overlap, false);
+    check_state_layout(new_state[i], new_name, s.rows, s.k_new, s.master, device, overlap, true);
+    check_state_layout(entering[i], entering_name, s.entering, s.rows, s.master, device, overlap, false);
+    check_state_layout(leaving[i], leaving_name, s.leaving, s.rows, s.master, device, overlap, true);
+    check_state_tensor(old_state[i].steps, old_name.with_field("steps"), ZF_DTYPE_I32, s.k_old, device, source);
+    check_state_tensor(new_state[i].steps, new_name.with_field("steps"), ZF_DTYPE_I32, s.k_new, device, source);
+    overlap.add(old_state[i].steps, old_name.with_field("steps"), false);
+    overlap.add(new_state[i].steps, new_name.with_field("steps"), true);
+    overlap.add(entering[i].steps, entering_name.with_field("steps"), false);
+    overlap.add(leaving[i].steps, leaving_name.with_field("steps"), true);
+    overlap.add(old_selected[i], old_selected_name, false);
+    overlap.add(new_selected[i], new_selected_name, false);
     if (device.type == ZF_DEVICE_CPU) {
       int64_t expected_entering, expected_leaving;
       count_moves(static_cast<const int32_t*>(old_selected[i].data), s.k_old,
@@ -187,6 +241,7 @@ std::vector<ExchangeShape> validate_exchange(const zf_tensor* old_selected, cons
     }
     shapes.push_back(s);
   }
+  overlap.check();
   *device_out = device;
   return shapes;
 }
@@ -207,6 +262,7 @@ void exchange_host(const zf_tensor* old_selected, const zf_tensor* new_selected,
                    const zf_column_state* new_state, const zf_column_state* entering, const zf_column_state* leaving,
                    const std::vector<ExchangeShape>& shapes) {
   global_thread_pool()->run([&](int thread, int threads) {
+    // Matrices are independent: thread t takes every threads-th one.
     for (size_t i = static_cast<size_t>(thread); i < shapes.size(); i += static_cast<size_t>(threads)) {
       const ExchangeShape& s = shapes[i];
       const int32_t* old_sel = static_cast<const int32_t*>(old_selected[i].data);
@@ -239,31 +295,12 @@ void exchange_host(const zf_tensor* old_selected, const zf_tensor* new_selected,
 
 extern "C" ZF_API zf_status zf_pack_columns(const zf_tensor* grads, const zf_tensor* selected, size_t count,
                                             const zf_tensor* packed, const zf_tensor* scale, zf_stream stream) {
-  return zf::api_call([&] {
-    const zf_device device = zf::validate_pack(grads, "grads", selected, count, packed, scale);
-    const float* scale_ptr = scale ? static_cast<const float*>(scale->data) : nullptr;
-    if (device.type == ZF_DEVICE_CUDA) {
-#if defined(ZENFLOW_WITH_CUDA)
-      zf::cuda::pack_or_scatter_columns(grads, selected, count, *packed, scale_ptr, true, stream);
-#endif
-      return;
-    }
-    zf::pack_or_scatter_host(grads, selected, count, *packed, scale_ptr, true);
-  });
+  return zf::api_call([&] { zf::pack_or_scatter(grads, "grads", selected, count, packed, scale, true, stream); });
 }
 
 extern "C" ZF_API zf_status zf_scatter_columns(const zf_tensor* packed, const zf_tensor* params,
                                                const zf_tensor* selected, size_t count, zf_stream stream) {
-  return zf::api_call([&] {
-    const zf_device device = zf::validate_pack(params, "params", selected, count, packed, nullptr);
-    if (device.type == ZF_DEVICE_CUDA) {
-#if defined(ZENFLOW_WITH_CUDA)
-      zf::cuda::pack_or_scatter_columns(params, selected, count, *packed, nullptr, false, stream);
-#endif
-      return;
-    }
-    zf::pack_or_scatter_host(params, selected, count, *packed, nullptr, false);
-  });
+  return zf::api_call([&] { zf::pack_or_scatter(params, "params", selected, count, packed, nullptr, false, stream); });
 }
 
 extern "C" ZF_API zf_status zf_exchange_selected_columns(const zf_tensor* old_selected, const zf_tensor* new_selected,
@@ -277,12 +314,11 @@ extern "C" ZF_API zf_status zf_exchange_selected_columns(const zf_tensor* old_se
     const auto shapes =
         zf::validate_exchange(old_selected, new_selected, old_state, new_state, entering, leaving, count, &device);
     if (device.type == ZF_DEVICE_CUDA) {
-#if defined(ZENFLOW_WITH_CUDA)
-      const size_t required = zf::cuda::exchange_workspace_bytes(old_selected, new_selected, count);
+      const zf::CudaOps& cuda = zf::cuda_ops();
+      const size_t required = cuda.exchange_workspace_bytes(old_selected, new_selected, count);
       if (zf::workspace_query(workspace, workspace_bytes, required)) return;
-      zf::cuda::exchange_selected_columns(old_selected, new_selected, old_state, new_state, entering, leaving, count,
-                                          workspace, required, stream);
-#endif
+      cuda.exchange_selected_columns(old_selected, new_selected, old_state, new_state, entering, leaving, count,
+                                     workspace, required, stream);
       return;
     }
     if (zf::workspace_query(workspace, workspace_bytes, 0)) return;

@@ -1,0 +1,143 @@
+/*
+ * zenflow C ABI, the common part: version, status codes, error text, tensor descriptors and
+ * runtime control. Every op-family header includes it; include "zenflow/zenflow.h" to get
+ * everything.
+ *
+ * Pure C (C99 and later) so that any runtime can link libzenflow without C++, Python or
+ * torch. Every function returns a zf_status; on failure, zf_last_error() holds a message
+ * for the calling thread that names the offending argument. A failed call writes nothing
+ * to its outputs. No function calls exit() or abort(), and no C++ exception escapes.
+ *
+ */
+#ifndef ZENFLOW_TYPES_H_
+#define ZENFLOW_TYPES_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZENFLOW_VERSION_MAJOR 0
+#define ZENFLOW_VERSION_MINOR 1
+#define ZENFLOW_VERSION_PATCH 0
+#define ZENFLOW_VERSION_STRING "0.1.0"
+/* Encoded as MAJOR * 10000 + MINOR * 100 + PATCH, for preprocessor comparisons. */
+#define ZENFLOW_VERSION (ZENFLOW_VERSION_MAJOR * 10000 + ZENFLOW_VERSION_MINOR * 100 + ZENFLOW_VERSION_PATCH)
+
+#if defined(_WIN32)
+#if defined(ZENFLOW_BUILDING_LIBRARY)
+#define ZF_API __declspec(dllexport)
+#else
+#define ZF_API __declspec(dllimport)
+#endif
+#else
+#define ZF_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status of every call. The Python layer maps INVALID_VALUE to ValueError and
+ * INVALID_TYPE to TypeError. */
+typedef enum zf_status {
+  ZF_SUCCESS = 0,
+  ZF_ERROR_INVALID_VALUE = 1, /* bad shape, stride, size, k, NaN, hyper-parameter */
+  ZF_ERROR_INVALID_TYPE = 2,  /* wrong dtype or device */
+  ZF_ERROR_NOT_SUPPORTED = 3, /* e.g. a CUDA tensor given to a build without CUDA */
+  ZF_ERROR_CUDA = 4,          /* a CUDA runtime call failed */
+  ZF_ERROR_OUT_OF_MEMORY = 5,
+  ZF_ERROR_INTERNAL = 6
+} zf_status;
+
+typedef enum zf_dtype {
+  ZF_DTYPE_F32 = 0,
+  ZF_DTYPE_F16 = 1,
+  ZF_DTYPE_BF16 = 2,
+  ZF_DTYPE_I32 = 3,
+  ZF_DTYPE_I64 = 4
+} zf_dtype;
+
+typedef enum zf_device_type { ZF_DEVICE_CPU = 0, ZF_DEVICE_CUDA = 1 } zf_device_type;
+
+typedef struct zf_device {
+  zf_device_type type;
+  int32_t index; /* CUDA ordinal; 0 for the CPU */
+} zf_device;
+
+#define ZF_MAX_DIMS 8
+
+/*
+ * Non-owning view of a strided tensor. `data` points at element [0, ..., 0]; strides are
+ * counted in elements, not bytes. The caller owns the memory and keeps it alive for the
+ * duration of the call (and, for CUDA calls, until the work queued on the stream is done).
+ * A tensor with zero elements may have data == NULL.
+ */
+typedef struct zf_tensor {
+  void* data;
+  zf_dtype dtype;
+  zf_device device;
+  int32_t ndim;
+  int64_t shape[ZF_MAX_DIMS];
+  int64_t strides[ZF_MAX_DIMS];
+} zf_tensor;
+
+/* A cudaStream_t for calls on CUDA tensors (NULL is the legacy default stream); ignored for
+ * CPU tensors. */
+typedef void* zf_stream;
+
+/* ---- version and errors ---- */
+ZF_API const char* zf_version(void);
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+ZF_API const char* zf_last_error(void);
+ZF_API const char* zf_status_string(zf_status status);
+ZF_API const char* zf_dtype_name(zf_dtype dtype);
+/* Size of one element in bytes, 0 for an unknown dtype. */
+ZF_API size_t zf_dtype_size(zf_dtype dtype);
+
+/* ---- CPU SIMD dispatch ---- */
+typedef enum zf_simd_level {
+  ZF_SIMD_SCALAR = 0, /* portable C++, any CPU */
+  ZF_SIMD_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+  ZF_SIMD_AVX512 = 2  /* x86-64 AVX-512 F/BW/VL/DQ */
+} zf_simd_level;
+
+/* Highest level this CPU and OS support. */
+ZF_API zf_simd_level zf_simd_level_supported(void);
+/* Level in use. Chosen at load time: the supported level, lowered by the environment
+ * variable ZENFLOW_SIMD=avx512|avx2|scalar when set. */
+ZF_API zf_simd_level zf_simd_level_active(void);
+/* Force a level (for tests and benchmarks); fails with INVALID_VALUE above the supported
+ * level. Not to be called while another thread runs a zenflow kernel. */
+ZF_API zf_status zf_set_simd_level(zf_simd_level level);
+ZF_API const char* zf_simd_level_name(zf_simd_level level);
+
+/* ---- host thread pool ---- */
+/*
+ * zenflow's host kernels run on a pool of worker threads that zenflow owns (no OpenMP),
+ * separate from the framework's intra-op threads. The default size is
+ * max(1, cores - floor(cores * 0.5)): half the cores stay with the training framework.
+ * The calling thread takes part in every parallel region, so a pool of size 1 has no extra
+ * thread. Results never depend on the thread count.
+ */
+ZF_API int zf_get_num_threads(void);
+/* Resize the pool. cores: optional list of `num_cores` CPU ids to pin worker i to
+ * cores[i % num_cores] (NULL for no pinning). Safe while kernels run on other threads:
+ * they finish on the old pool, which is then released. */
+ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores);
+/* Logical CPUs usable by this process. */
+ZF_API int zf_host_cpu_count(void);
+
+/* ---- CUDA ---- */
+/* 1 if libzenflow was compiled with CUDA kernels. */
+ZF_API int zf_cuda_compiled(void);
+/* Comma-separated CUDA architectures compiled in ("" without CUDA). */
+ZF_API const char* zf_cuda_architectures(void);
+/* Number of usable CUDA devices; 0 without CUDA, without a driver, or on any error. */
+ZF_API int zf_cuda_device_count(void);
+/* Name of CUDA device `index` into buf (NUL-terminated, truncated to buf_size). */
+ZF_API zf_status zf_cuda_device_name(int index, char* buf, size_t buf_size);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZENFLOW_TYPES_H_ */

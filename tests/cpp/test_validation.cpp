@@ -1,0 +1,136 @@
+// Descriptor validation at the C boundary, found by sanitizers and a descriptor fuzzer:
+// shape products that overflow, raw out-of-range enum values, empty descriptors on a bad
+// device, and the overlap check across all the buffers of a call.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/column_checks.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+zf_tensor tensor_2d(void* data, zf_dtype dtype, int64_t rows, int64_t cols) {
+  return zenflow::contiguous_tensor(data, dtype, {rows, cols});
+}
+
+struct StatsOutputs {
+  std::vector<float> col_sq = std::vector<float>(4, -1.0f);
+  float total = -1.0f;
+  int32_t flag = -1;
+  zf_tensor col_sq_t = zenflow::contiguous_tensor(col_sq.data(), ZF_DTYPE_F32, {4});
+  zf_tensor total_t = zenflow::contiguous_tensor(&total, ZF_DTYPE_F32, {});
+  zf_tensor flag_t = zenflow::contiguous_tensor(&flag, ZF_DTYPE_I32, {});
+};
+
+TEST(Validation, ShapesWhoseSizeOverflowsAreRejected) {
+  float dummy[4] = {};
+  StatsOutputs out;
+  // 2^62 x 4 elements: the element count wraps to 0 in int64 arithmetic.
+  zf_tensor grad = tensor_2d(dummy, ZF_DTYPE_F32, int64_t{1} << 62, 4);
+  EXPECT_EQ(zf_column_stats(&grad, &out.col_sq_t, 1, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("PTRDIFF_MAX"), std::string::npos) << zf_last_error();
+  // With NULL data it must not pass for empty either.
+  grad.data = nullptr;
+  EXPECT_EQ(zf_column_stats(&grad, &out.col_sq_t, 1, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  // 2^32 x 2^32 fp32: 2^66 bytes.
+  zf_tensor big = tensor_2d(dummy, ZF_DTYPE_F32, int64_t{1} << 32, int64_t{1} << 32);
+  zf::ArgName name("params", 0);
+  EXPECT_THROW(zf::check_descriptor(&big, name), zf::Error);
+  EXPECT_EQ(out.total, -1.0f);
+  EXPECT_EQ(out.flag, -1);
+}
+
+TEST(Validation, RawOutOfRangeEnumValuesAreRejected) {
+  float data[4] = {};
+  StatsOutputs out;
+  zf_tensor grad = tensor_2d(data, ZF_DTYPE_F32, 1, 4);
+  int bad_dtype = 77;
+  std::memcpy(&grad.dtype, &bad_dtype, sizeof(bad_dtype));  // as a C caller could pass it
+  EXPECT_EQ(zf_column_stats(&grad, &out.col_sq_t, 1, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_TYPE);
+  EXPECT_NE(std::string(zf_last_error()).find("unknown dtype code 77"), std::string::npos) << zf_last_error();
+  grad = tensor_2d(data, ZF_DTYPE_F32, 1, 4);
+  int bad_device = 5;
+  std::memcpy(&grad.device.type, &bad_device, sizeof(bad_device));
+  EXPECT_EQ(zf_column_stats(&grad, &out.col_sq_t, 1, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_TYPE);
+}
+
+TEST(Validation, EmptyDescriptorsHaveTheirDeviceChecked) {
+  float data[4] = {};
+  StatsOutputs out;
+  zf_tensor grad = tensor_2d(data, ZF_DTYPE_F32, 1, 4);
+  zf_tensor empty = tensor_2d(nullptr, ZF_DTYPE_F32, 0, 0);
+  zf_tensor empty_out = zenflow::contiguous_tensor(nullptr, ZF_DTYPE_F32, {0});
+  empty.device = zf_device{ZF_DEVICE_CUDA, -3};
+  const zf_tensor grads[2] = {grad, empty};
+  const zf_tensor outs[2] = {out.col_sq_t, empty_out};
+  EXPECT_NE(zf_column_stats(grads, outs, 2, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr), ZF_SUCCESS);
+  EXPECT_NE(std::string(zf_last_error()).find("grads[1]"), std::string::npos) << zf_last_error();
+  empty.device = zf_device{ZF_DEVICE_CUDA, 0};  // a valid device, but not the call's
+  const zf_tensor grads_other[2] = {grad, empty};
+  EXPECT_NE(zf_column_stats(grads_other, outs, 2, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr), ZF_SUCCESS);
+  EXPECT_EQ(out.col_sq, std::vector<float>(4, -1.0f));
+}
+
+TEST(Validation, OverlapCheckFindsWrittenBuffersSharingMemory) {
+  std::vector<float> memory(64);
+  const auto view = [&](size_t offset, int64_t n) {
+    return zenflow::contiguous_tensor(memory.data() + offset, ZF_DTYPE_F32, {n});
+  };
+  {
+    zf::OverlapCheck check;  // reads may share memory
+    check.add(view(0, 16), "a", false);
+    check.add(view(8, 16), "b", false);
+    check.add(view(32, 8), "c", true);
+    EXPECT_NO_THROW(check.check());
+  }
+  {
+    zf::OverlapCheck check;  // a write overlapping a read that starts before it
+    check.add(view(0, 16), "read", false);
+    check.add(view(15, 4), "written", true);
+    EXPECT_THROW(check.check(), zf::Error);
+  }
+  {
+    zf::OverlapCheck check;  // a long write covering later, disjoint buffers
+    check.add(view(0, 40), zf::ArgName("outs", 3), true);
+    check.add(view(10, 2), "x", false);
+    check.add(view(20, 2), "y", false);
+    try {
+      check.check();
+      FAIL() << "no overlap reported";
+    } catch (const zf::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("outs[3]"), std::string::npos) << e.what();
+    }
+  }
+  {
+    zf::OverlapCheck check;  // adjacent buffers do not overlap; empty ones take no memory
+    check.add(view(0, 8), "a", true);
+    check.add(view(8, 8), "b", true);
+    check.add(view(4, 0), "empty", true);
+    EXPECT_NO_THROW(check.check());
+  }
+}
+
+TEST(Validation, ColumnStatsOutputsSharingMemoryAreRejected) {
+  std::vector<float> grad(2 * 4, 1.0f);
+  std::vector<float> col_sq(8, -1.0f);
+  float total = -1.0f;
+  int32_t flag = -1;
+  const zf_tensor grad_t = tensor_2d(grad.data(), ZF_DTYPE_F32, 2, 4);
+  const zf_tensor grads[2] = {grad_t, grad_t};  // reading one gradient twice is fine
+  const zf_tensor outs[2] = {zenflow::contiguous_tensor(col_sq.data(), ZF_DTYPE_F32, {4}),
+                             zenflow::contiguous_tensor(col_sq.data() + 2, ZF_DTYPE_F32, {4})};
+  const zf_tensor total_t = zenflow::contiguous_tensor(&total, ZF_DTYPE_F32, {});
+  const zf_tensor flag_t = zenflow::contiguous_tensor(&flag, ZF_DTYPE_I32, {});
+  EXPECT_EQ(zf_column_stats(grads, outs, 2, &total_t, &flag_t, 0, nullptr, nullptr, nullptr), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("out_col_sq[1]"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(total, -1.0f);
+}
+
+}  // namespace
