@@ -74,8 +74,9 @@ void check_descriptor(const zf_tensor* t, const ArgName& name) {
   }
   if (empty) return;
   for (int d = 0; d < t->ndim; ++d) {
-    require(elements <= max_elements / t->shape[d], ZF_ERROR_INVALID_VALUE, name, ": shape ", shape_string(*t),
-            " holds more than PTRDIFF_MAX bytes");
+    if (elements > max_elements / t->shape[d]) {
+      fail(ZF_ERROR_INVALID_VALUE, name, ": shape ", shape_string(*t), " holds more than PTRDIFF_MAX bytes");
+    }
     elements *= t->shape[d];
   }
   require(t->data != nullptr, ZF_ERROR_INVALID_VALUE, name, ": data is NULL for a non-empty tensor");
