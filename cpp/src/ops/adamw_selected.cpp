@@ -42,20 +42,16 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
           adam_step_scalars(hyper, int64_t{pointers[i].steps[c]} + 1);
     }
   }
-  // Elements (r, c) of all matrices, row-major within each, as one range split over the pool.
-  const int64_t total = work_offsets_.back();
-  const auto update_range = [&](int64_t begin, int64_t end) {
-    size_t i = static_cast<size_t>(std::upper_bound(work_offsets_.begin(), work_offsets_.end(), begin) -
-                                   work_offsets_.begin()) -
-               1;
-    for (int64_t e = begin; e < end; ++i) {
-      const int64_t matrix_end = std::min(end, work_offsets_[i + 1]);
-      const AdamwSelectedMatrix& m = matrices_[i];
-      const AdamwSelectedPointers& p = pointers[i];
-      const AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
-      for (; e < matrix_end; ++e) {
-        const int64_t slot = e - work_offsets_[i];  // r * k + c: the compact state's index
-        const int64_t r = slot / m.k, c = slot % m.k;
+  // Walks the elements [begin, end) of matrix i's row-major (r, c) order: whole rows of its
+  // k selected columns, clipped at both ends.
+  const auto update_matrix_range = [&](size_t i, int64_t begin, int64_t end) {
+    const AdamwSelectedMatrix& m = matrices_[i];
+    const AdamwSelectedPointers& p = pointers[i];
+    const AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
+    for (int64_t r = begin / m.k; r * m.k < end; ++r) {
+      const int64_t c_begin = std::max<int64_t>(0, begin - r * m.k), c_end = std::min(m.k, end - r * m.k);
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        const int64_t slot = r * m.k + c;  // the compact state's index
         const int64_t element = row_major_index(m.cols, r, selected_column(p.selected, c));
         const float g = load_as_float(p.grad, m.grad_dtype, element) * grad_scale;
         float value = p.master ? p.master[slot] : load_as_float(p.param, m.param_dtype, element);
@@ -63,6 +59,17 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
         if (p.master) p.master[slot] = value;
         store_from_float(p.param, m.param_dtype, element, value);
       }
+    }
+  };
+  // Elements of all matrices as one range, split over the pool.
+  const int64_t total = work_offsets_.back();
+  const auto update_range = [&](int64_t begin, int64_t end) {
+    size_t i = static_cast<size_t>(std::upper_bound(work_offsets_.begin(), work_offsets_.end(), begin) -
+                                   work_offsets_.begin()) -
+               1;
+    for (; i < matrices_.size() && work_offsets_[i] < end; ++i) {
+      const int64_t lo = std::max(begin, work_offsets_[i]), hi = std::min(end, work_offsets_[i + 1]);
+      if (lo < hi) update_matrix_range(i, lo - work_offsets_[i], hi - work_offsets_[i]);
     }
   };
   if (total < kParallelMinElements || pool.size() == 1 || in_parallel_region()) {
