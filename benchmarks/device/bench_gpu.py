@@ -2,7 +2,7 @@
 
 Shapes: a 7B-class transformer (32 layers of q, k, v, o [4096, 4096], gate and up
 [11008, 4096], down [4096, 11008]), bf16, k = 10% of the columns of every matrix.
-Bandwidth is counted in the 32-byte sectors each kernel must touch (DESIGN.md section 5)
+Bandwidth is counted in the 32-byte sectors each kernel must touch (docs/design.md section 5)
 and compared with a device-to-device copy measured here. Prints one table; with --out
 also writes it (markdown) there.
 

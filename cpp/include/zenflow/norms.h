@@ -1,5 +1,5 @@
 /*
- * Gradient column statistics (DESIGN.md section 2, step 1).
+ * Gradient column statistics (docs/design.md section 2, step 1).
  */
 #ifndef ZENFLOW_NORMS_H_
 #define ZENFLOW_NORMS_H_

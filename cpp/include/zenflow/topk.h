@@ -1,5 +1,5 @@
 /*
- * Selection of the important columns (DESIGN.md section 2, step 2).
+ * Selection of the important columns (docs/design.md section 2, step 2).
  */
 #ifndef ZENFLOW_TOPK_H_
 #define ZENFLOW_TOPK_H_
