@@ -117,10 +117,14 @@ ZF_API const char* zf_simd_level_name(zf_simd_level level);
  * The calling thread takes part in every parallel region, so a pool of size 1 has no extra
  * thread. Results never depend on the thread count.
  */
+/* Size of the pool, creating the default one on first use; if that fails (the OS refusing
+ * a thread), returns 1 and leaves the reason in zf_last_error(). */
 ZF_API int zf_get_num_threads(void);
-/* Resize the pool. cores: optional list of `num_cores` CPU ids to pin worker i to
- * cores[i % num_cores] (NULL for no pinning). Safe while kernels run on other threads:
- * they finish on the old pool, which is then released. */
+/* Resize the pool. num_threads must be in [1, max(64, 4 * zf_host_cpu_count())]; more
+ * fails with INVALID_VALUE (it could only oversubscribe the cores). cores: optional list of
+ * `num_cores` CPU ids to pin worker i to cores[i % num_cores] (NULL for no pinning). Safe
+ * while kernels run on other threads: they finish on the old pool, which is then released.
+ * If the OS refuses a thread, fails with OUT_OF_MEMORY and the old pool stays in place. */
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores);
 /* Logical CPUs usable by this process. */
 ZF_API int zf_host_cpu_count(void);
