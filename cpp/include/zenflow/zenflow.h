@@ -104,9 +104,15 @@ ZF_API zf_simd_level zf_simd_level_supported(void);
 /* Level in use. Chosen at load time: the supported level, lowered by the environment
  * variable ZENFLOW_SIMD=avx512|avx2|scalar when set. */
 ZF_API zf_simd_level zf_simd_level_active(void);
+/* "" when ZENFLOW_SIMD is unset or honoured as written; otherwise why it was not (an
+ * unknown value, or a level above the supported one) and the level used instead. The
+ * message is also printed once to stderr when the level is first chosen. */
+ZF_API const char* zf_simd_environment_warning(void);
 /* Force a level (for tests and benchmarks); fails with INVALID_VALUE above the supported
- * level. Not to be called while another thread runs a zenflow kernel. */
+ * level or for a value that is not a level. Not to be called while another thread runs a
+ * zenflow kernel. */
 ZF_API zf_status zf_set_simd_level(zf_simd_level level);
+/* "scalar", "avx2", "avx512", or "unknown" for any other value. */
 ZF_API const char* zf_simd_level_name(zf_simd_level level);
 
 /* ---- host thread pool ---- */
