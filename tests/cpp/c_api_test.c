@@ -1,6 +1,7 @@
 /* Drives the C ABI from C: proves zenflow.h is C and the entry points work without C++. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "zenflow/zenflow.h"
@@ -112,6 +113,30 @@ int main(void) {
     EXPECT(zf_pack_columns(&g, &selected_t, 1, &packed_t, NULL, NULL) == ZF_SUCCESS);
     EXPECT(packed[0] == 1.0f && packed[1] == 4.0f && packed[2] == 3.0f && packed[3] == 6.0f);
   }
+
+  /* Any int is a valid argument in C: a value that is not a level is rejected, not UB. */
+  EXPECT(zf_set_simd_level((zf_simd_level)9) == ZF_ERROR_INVALID_VALUE);
+  EXPECT(strstr(zf_last_error(), "level") != NULL);
+  EXPECT(zf_set_simd_level((zf_simd_level)-1) == ZF_ERROR_INVALID_VALUE);
+  EXPECT(strcmp(zf_simd_level_name((zf_simd_level)9), "unknown") == 0);
+  EXPECT(strcmp(zf_simd_level_name((zf_simd_level)-1), "unknown") == 0);
+  EXPECT(zf_simd_level_active() <= zf_simd_level_supported());
+
+  /* ZENFLOW_SIMD (the ctest c_api_bogus_simd runs this with ZENFLOW_SIMD=bogus): an unknown
+   * value keeps the supported level and says so. */
+  {
+    const char* requested = getenv("ZENFLOW_SIMD");
+    if (requested == NULL || requested[0] == '\0') {
+      EXPECT(zf_simd_environment_warning()[0] == '\0');
+    } else if (strcmp(requested, "bogus") == 0) {
+      EXPECT(zf_simd_level_active() == zf_simd_level_supported());
+      EXPECT(strstr(zf_simd_environment_warning(), "ZENFLOW_SIMD='bogus' is not one of") != NULL);
+    }
+  }
+
+  /* The pool size has an upper bound instead of starting any number of threads. */
+  EXPECT(zf_set_num_threads(100000, NULL, 0) == ZF_ERROR_INVALID_VALUE);
+  EXPECT(strstr(zf_last_error(), "num_threads") != NULL);
 
   if (failures == 0) printf("c_api: all checks passed\n");
   return failures == 0 ? 0 : 1;

@@ -1,14 +1,18 @@
 // Thread pool, SIMD dispatch, conversions and runtime queries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "common/float_convert.hpp"
 #include "common/thread_pool.hpp"
+#include "simd/kernels.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -113,6 +117,72 @@ TEST(Runtime, SimdLevelControl) {
     EXPECT_EQ(zf_set_simd_level(ZF_SIMD_AVX512), ZF_ERROR_INVALID_VALUE);
   }
   EXPECT_EQ(zf_set_simd_level(static_cast<zf_simd_level>(9)), ZF_ERROR_INVALID_VALUE);
+}
+
+// More threads than max(64, 4 x cores) can only oversubscribe: rejected with a message that
+// names the argument, and the pool is unchanged.
+TEST(Runtime, NumThreadsHasAnUpperBound) {
+  const int before = zf_get_num_threads();
+  const int bound = std::max(64, 4 * zf_host_cpu_count());
+  for (int too_many : {bound + 1, std::max(1000, bound + 1)}) {
+    EXPECT_EQ(zf_set_num_threads(too_many, nullptr, 0), ZF_ERROR_INVALID_VALUE);
+    const std::string message = zf_last_error();
+    EXPECT_NE(message.find("num_threads: must be in [1, " + std::to_string(bound) + "]"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::to_string(too_many)), std::string::npos) << message;
+    EXPECT_EQ(zf_get_num_threads(), before);
+  }
+  {
+    zenflow::ScopedNumThreads largest(bound);
+    EXPECT_EQ(zf_get_num_threads(), bound);
+  }
+  EXPECT_EQ(zf_get_num_threads(), before);
+}
+
+// A level outside the enumerators (as a C caller may pass) is rejected by value, naming
+// `level`, and has no name. The value is built from its bytes: a cast to the enum would
+// itself be undefined in C++.
+TEST(Runtime, UnknownSimdLevelIsRejected) {
+  for (int raw : {9, -1, 3}) {
+    zf_simd_level bogus;
+    static_assert(sizeof(bogus) == sizeof(raw), "zf_simd_level is an int");
+    std::memcpy(&bogus, &raw, sizeof(raw));
+    const zf_simd_level active = zf_simd_level_active();
+    EXPECT_EQ(zf_set_simd_level(bogus), ZF_ERROR_INVALID_VALUE);
+    EXPECT_NE(std::string(zf_last_error()).find("level: unknown SIMD level " + std::to_string(raw)), std::string::npos)
+        << zf_last_error();
+    EXPECT_EQ(zf_simd_level_active(), active);
+    EXPECT_STREQ(zf_simd_level_name(bogus), "unknown");
+  }
+  EXPECT_STREQ(zf_simd_level_name(ZF_SIMD_AVX2), "avx2");
+}
+
+// ZENFLOW_SIMD: honoured when it names a level the CPU has; otherwise the supported level,
+// with a warning that says what was asked and what is used.
+TEST(Runtime, SimdEnvironmentValue) {
+  using zf::simd::level_from_environment_value;
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    const auto chosen = level_from_environment_value(unset, ZF_SIMD_AVX2);
+    EXPECT_EQ(chosen.level, ZF_SIMD_AVX2);
+    EXPECT_EQ(chosen.warning, "");
+  }
+  EXPECT_EQ(level_from_environment_value("scalar", ZF_SIMD_AVX512).level, ZF_SIMD_SCALAR);
+  EXPECT_EQ(level_from_environment_value("avx2", ZF_SIMD_AVX512).level, ZF_SIMD_AVX2);
+  EXPECT_EQ(level_from_environment_value("avx512", ZF_SIMD_AVX512).level, ZF_SIMD_AVX512);
+  EXPECT_EQ(level_from_environment_value("avx2", ZF_SIMD_AVX512).warning, "");
+
+  const auto bogus = level_from_environment_value("bogus", ZF_SIMD_AVX512);
+  EXPECT_EQ(bogus.level, ZF_SIMD_AVX512);
+  EXPECT_EQ(bogus.warning, "ZENFLOW_SIMD='bogus' is not one of avx512, avx2, scalar; using avx512");
+  EXPECT_EQ(level_from_environment_value("AVX2", ZF_SIMD_AVX2).warning,
+            "ZENFLOW_SIMD='AVX2' is not one of avx512, avx2, scalar; using avx2");
+
+  const auto above = level_from_environment_value("avx512", ZF_SIMD_AVX2);
+  EXPECT_EQ(above.level, ZF_SIMD_AVX2);
+  EXPECT_EQ(above.warning, "ZENFLOW_SIMD='avx512' is above what this CPU supports; using avx2");
+
+  const char* requested = std::getenv("ZENFLOW_SIMD");
+  EXPECT_EQ(std::string(zf_simd_environment_warning()),
+            level_from_environment_value(requested, zf_simd_level_supported()).warning);
 }
 
 TEST(Runtime, CudaQueriesNeverFail) {

@@ -105,9 +105,15 @@ ZF_API zf_simd_level zf_simd_level_supported(void);
 /* Level in use. Chosen at load time: the supported level, lowered by the environment
  * variable ZENFLOW_SIMD=avx512|avx2|scalar when set. */
 ZF_API zf_simd_level zf_simd_level_active(void);
+/* "" when ZENFLOW_SIMD is unset or honoured as written; otherwise why it was not (an
+ * unknown value, or a level above the supported one) and the level used instead. The
+ * message is also printed once to stderr when the level is first chosen. */
+ZF_API const char* zf_simd_environment_warning(void);
 /* Force a level (for tests and benchmarks); fails with INVALID_VALUE above the supported
- * level. Not to be called while another thread runs a zenflow kernel. */
+ * level or for a value that is not a level. Not to be called while another thread runs a
+ * zenflow kernel. */
 ZF_API zf_status zf_set_simd_level(zf_simd_level level);
+/* "scalar", "avx2", "avx512", or "unknown" for any other value. */
 ZF_API const char* zf_simd_level_name(zf_simd_level level);
 
 /* ---- host thread pool ---- */
@@ -118,10 +124,14 @@ ZF_API const char* zf_simd_level_name(zf_simd_level level);
  * The calling thread takes part in every parallel region, so a pool of size 1 has no extra
  * thread. Results never depend on the thread count.
  */
+/* Size of the pool, creating the default one on first use; if that fails (the OS refusing
+ * a thread), returns 1 and leaves the reason in zf_last_error(). */
 ZF_API int zf_get_num_threads(void);
-/* Resize the pool. cores: optional list of `num_cores` CPU ids to pin worker i to
- * cores[i % num_cores] (NULL for no pinning). Safe while kernels run on other threads:
- * they finish on the old pool, which is then released. */
+/* Resize the pool. num_threads must be in [1, max(64, 4 * zf_host_cpu_count())]; more
+ * fails with INVALID_VALUE (it could only oversubscribe the cores). cores: optional list of
+ * `num_cores` CPU ids to pin worker i to cores[i % num_cores] (NULL for no pinning). Safe
+ * while kernels run on other threads: they finish on the old pool, which is then released.
+ * If the OS refuses a thread, fails with OUT_OF_MEMORY and the old pool stays in place. */
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores);
 /* Logical CPUs usable by this process. */
 ZF_API int zf_host_cpu_count(void);

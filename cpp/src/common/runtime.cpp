@@ -1,4 +1,6 @@
 // Version, error text, dtype helpers and host threads: the C entry points that are not ops.
+#include <algorithm>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -70,12 +72,28 @@ ZF_API size_t zf_dtype_size(zf_dtype dtype) {
   return 0;
 }
 
-ZF_API int zf_get_num_threads(void) { return zf::global_thread_pool()->size(); }
+ZF_API int zf_get_num_threads(void) {
+  // Creating the default pool can fail (the OS refusing a thread); nothing may escape
+  // extern "C", and a query has no status to return: report 1 (the calling thread alone,
+  // which every region always has) and leave the reason in zf_last_error().
+  try {
+    return zf::global_thread_pool()->size();
+  } catch (const std::exception& e) {
+    zf::set_last_error(std::string("zf_get_num_threads: could not create the default pool: ") + e.what());
+  } catch (...) {
+    zf::set_last_error("zf_get_num_threads: could not create the default pool: unknown exception");
+  }
+  return 1;
+}
 
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores) {
   return zf::api_call([&] {
-    zf::require(num_threads >= 1 && num_threads <= 4096, ZF_ERROR_INVALID_VALUE,
-                "num_threads: must be in [1, 4096], got ", num_threads);
+    // More threads than this only oversubscribe the cores; a typo (1000 for 100) would
+    // otherwise start a thousand threads.
+    const int cpus = zf::host_cpu_count();
+    const int max_threads = std::max(64, 4 * cpus);
+    zf::require(num_threads >= 1 && num_threads <= max_threads, ZF_ERROR_INVALID_VALUE, "num_threads: must be in [1, ",
+                max_threads, "] (max(64, 4 x ", cpus, " usable CPUs)), got ", num_threads);
     zf::require(num_cores >= 0 && (num_cores == 0 || cores != nullptr), ZF_ERROR_INVALID_VALUE,
                 "cores: NULL with num_cores=", num_cores);
     std::vector<int> core_list;

@@ -1,7 +1,13 @@
 #include "common/thread_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <string>
+#include <system_error>
+
+#include "common/error.hpp"
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -10,12 +16,57 @@
 
 namespace zf {
 
+namespace {
+
+// Set on a thread while it runs a pool task (workers: for their whole life). A region
+// started there runs inline: the pool's own threads are busy with the outer region, so
+// waiting for them would deadlock.
+thread_local bool inside_pool_task = false;
+
+// Marks the calling thread as inside a region for one scope (the caller's share of a region).
+class PoolTaskScope {
+ public:
+  PoolTaskScope() : previous_(inside_pool_task) { inside_pool_task = true; }
+  ~PoolTaskScope() { inside_pool_task = previous_; }
+  PoolTaskScope(const PoolTaskScope&) = delete;
+  PoolTaskScope& operator=(const PoolTaskScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+std::atomic<int> simulated_thread_start_failure{0};
+std::atomic<int> default_thread_count_override{0};
+
+}  // namespace
+
+void set_thread_start_failure_for_testing(int fail_at_index) {
+  simulated_thread_start_failure.store(fail_at_index, std::memory_order_relaxed);
+}
+
+void set_default_thread_count_for_testing(int num_threads) {
+  default_thread_count_override.store(num_threads, std::memory_order_relaxed);
+}
+
+bool in_parallel_region() { return inside_pool_task; }
+
 ThreadPool::ThreadPool(int num_threads, std::vector<int> cores) {
   num_threads = std::max(1, num_threads);
   errors_.resize(static_cast<size_t>(num_threads));
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 1; i < num_threads; ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+    try {
+      if (i == simulated_thread_start_failure.load(std::memory_order_relaxed)) {
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                "simulated by set_thread_start_failure_for_testing");
+      }
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::exception& e) {
+      // The destructor does not run for a half-built object: without this, the started
+      // workers would stay joinable (std::terminate) or wait forever for a region.
+      stop_workers();
+      fail(ZF_ERROR_OUT_OF_MEMORY, "num_threads: could not start thread ", i, " of ", num_threads, ": ", e.what());
+    }
 #if defined(__linux__)
     if (!cores.empty()) {
       cpu_set_t set;
@@ -29,16 +80,21 @@ ThreadPool::ThreadPool(int num_threads, std::vector<int> cores) {
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   start_cv_.notify_all();
-  for (auto& worker : workers_) worker.join();
+  for (auto& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
 }
 
 void ThreadPool::worker_loop(int index) {
+  inside_pool_task = true;  // a worker only ever runs pool tasks
   uint64_t seen_generation = 0;
   for (;;) {
     const std::function<void(int, int)>* task = nullptr;
@@ -64,8 +120,13 @@ void ThreadPool::worker_loop(int index) {
 }
 
 void ThreadPool::run(const std::function<void(int, int)>& task) {
+  if (inside_pool_task) {
+    task(0, 1);
+    return;
+  }
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   if (workers_.empty()) {
+    PoolTaskScope scope;
     task(0, 1);
     return;
   }
@@ -79,6 +140,7 @@ void ThreadPool::run(const std::function<void(int, int)>& task) {
   start_cv_.notify_all();
   std::exception_ptr caller_error;
   try {
+    PoolTaskScope scope;
     task(0, size());
   } catch (...) {
     caller_error = std::current_exception();
@@ -101,45 +163,211 @@ int host_cpu_count() {
 }
 
 int default_thread_count() {
+  const int override_count = default_thread_count_override.load(std::memory_order_relaxed);
+  if (override_count > 0) return override_count;
   // pt_reserved_cores_perc = 0.5: the framework keeps floor(cores / 2), zenflow the rest.
   const int cores = host_cpu_count();
   return std::max(1, cores - cores / 2);
 }
 
 namespace {
-std::mutex& global_pool_mutex() {
-  static std::mutex mutex;
-  return mutex;
+
+// The global pool and the mutex that guards its slot. Allocated on first use and never
+// freed: exit() runs static destructors while other threads may still be inside an op on
+// the pool, and a freed pool (or mutex) under them would crash or hang the exit.
+struct GlobalPoolState {
+  std::mutex mutex;
+  std::shared_ptr<ThreadPool> pool;
+};
+
+std::atomic<GlobalPoolState*> global_pool_state_pointer{nullptr};
+
+GlobalPoolState& global_pool_state() {
+  GlobalPoolState* state = global_pool_state_pointer.load(std::memory_order_acquire);
+  if (state != nullptr) return *state;
+  // Lock-free creation, so that the fork handler below never meets a half-taken lock.
+  auto fresh = std::make_unique<GlobalPoolState>();
+  if (global_pool_state_pointer.compare_exchange_strong(state, fresh.get(), std::memory_order_acq_rel)) {
+    return *fresh.release();
+  }
+  return *state;  // another thread won; ours is freed
 }
-std::shared_ptr<ThreadPool>& global_pool_slot() {
-  static std::shared_ptr<ThreadPool> pool;
-  return pool;
-}
+
+#if defined(__linux__)
+// In a forked child only the forking thread exists: the pool's workers are gone (a region
+// would wait for them forever) and its mutexes may have been copied while held by threads
+// that no longer exist. The child forgets the whole state without touching it (joining or
+// destroying would hang or crash) and the next global_thread_pool() builds a fresh one.
+// The old state is leaked on purpose: its shared_ptr keeps the old pool from ever being
+// destroyed, even when a copy held by the forking thread is released later.
+void forget_global_pool_in_child() { global_pool_state_pointer.store(nullptr, std::memory_order_relaxed); }
+
+// Registered at load time, before any pool can exist, so no fork can slip in between the
+// first pool and the registration.
+[[maybe_unused]] const bool fork_handler_registered =
+    pthread_atfork(nullptr, nullptr, &forget_global_pool_in_child) == 0;
+#endif
+
 }  // namespace
 
 std::shared_ptr<ThreadPool> global_thread_pool() {
-  std::lock_guard<std::mutex> lock(global_pool_mutex());
-  auto& pool = global_pool_slot();
-  if (!pool) pool = std::make_shared<ThreadPool>(default_thread_count());
-  return pool;
+  GlobalPoolState& state = global_pool_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (!state.pool) state.pool = std::make_shared<ThreadPool>(default_thread_count());
+  return state.pool;
 }
 
 void resize_global_thread_pool(int num_threads, std::vector<int> cores) {
+  // Built before the swap: if the OS refuses a thread, the old pool stays in place.
   auto fresh = std::make_shared<ThreadPool>(num_threads, std::move(cores));
   std::shared_ptr<ThreadPool> previous;
   {
-    std::lock_guard<std::mutex> lock(global_pool_mutex());
-    previous = std::move(global_pool_slot());
-    global_pool_slot() = std::move(fresh);
+    GlobalPoolState& state = global_pool_state();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    previous = std::move(state.pool);
+    state.pool = std::move(fresh);
   }
   // `previous` is destroyed here, or by the last kernel still running on it.
 }
 
-}  // namespace zf
+// ---- WorkQueue ------------------------------------------------------------------------
 
-namespace zf {
 namespace {
-thread_local int region_depth = 0;
+using Clock = std::chrono::steady_clock;
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
-bool in_parallel_region() { return region_depth > 0; }
+}  // namespace
+
+void WorkJob::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool WorkJob::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+double WorkJob::queued_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queued_seconds_;
+}
+
+double WorkJob::total_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_seconds_;
+}
+
+// A job in a queue with the driver's progress through it. Only the driver thread touches
+// next_chunk and started_at (and the destructor, once the driver has been joined).
+struct WorkQueue::Pending {
+  std::shared_ptr<WorkJob> job;
+  std::vector<Chunk> chunks;
+  size_t next_chunk = 0;
+  Clock::time_point submitted_at;
+  bool started = false;
+
+  void mark_started(Clock::time_point now) {
+    if (started) return;
+    started = true;
+    std::lock_guard<std::mutex> lock(job->mutex_);
+    job->queued_seconds_ = seconds_between(submitted_at, now);
+  }
+
+  void complete(std::exception_ptr error) {
+    const Clock::time_point now = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(job->mutex_);
+      if (!started) job->queued_seconds_ = seconds_between(submitted_at, now);
+      job->total_seconds_ = seconds_between(submitted_at, now);
+      job->error_ = std::move(error);
+      job->done_ = true;
+    }
+    job->done_cv_.notify_all();
+  }
+};
+
+namespace {
+std::exception_ptr dropped_error(size_t next_chunk, size_t chunk_count) {
+  return std::make_exception_ptr(Error(ZF_ERROR_INTERNAL, "WorkQueue: job dropped by the queue's destruction with " +
+                                                              std::to_string(chunk_count - next_chunk) + " of " +
+                                                              std::to_string(chunk_count) + " chunks not run"));
+}
+}  // namespace
+
+WorkQueue::WorkQueue(std::shared_ptr<ThreadPool> pool) : pool_(std::move(pool)) {
+  require(pool_ != nullptr, ZF_ERROR_INVALID_VALUE, "pool: WorkQueue needs a pool, got nullptr");
+  try {
+    driver_ = std::thread([this] { driver_loop(); });
+  } catch (const std::exception& e) {
+    fail(ZF_ERROR_OUT_OF_MEMORY, "WorkQueue: could not start the driver thread: ", e.what());
+  }
+}
+
+WorkQueue::~WorkQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_cv_.notify_all();
+  driver_.join();  // returns once the chunk in progress (if any) is done
+  for (auto& queue : queues_) {
+    for (auto& pending : queue) pending->complete(dropped_error(pending->next_chunk, pending->chunks.size()));
+    queue.clear();
+  }
+}
+
+std::shared_ptr<WorkJob> WorkQueue::submit(Priority priority, std::vector<Chunk> chunks) {
+  auto pending = std::make_shared<Pending>();
+  pending->job = std::make_shared<WorkJob>();
+  pending->chunks = std::move(chunks);
+  pending->submitted_at = Clock::now();
+  std::shared_ptr<WorkJob> job = pending->job;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queues_[static_cast<int>(priority)].push_back(std::move(pending));
+  }
+  wake_cv_.notify_one();
+  return job;
+}
+
+void WorkQueue::driver_loop() {
+  for (;;) {
+    std::shared_ptr<Pending> current;
+    int current_queue = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_cv_.wait(lock, [&] { return stopping_ || !queues_[0].empty() || !queues_[1].empty(); });
+      if (stopping_) return;
+      // Chosen afresh before every chunk: a kHigh job submitted while a kLow job runs goes
+      // next. The chosen job stays at the front of its queue until it completes, so jobs of
+      // one priority run in submission order and a preempted kLow job resumes where it was.
+      current_queue = queues_[static_cast<int>(Priority::kHigh)].empty() ? static_cast<int>(Priority::kLow)
+                                                                         : static_cast<int>(Priority::kHigh);
+      current = queues_[current_queue].front();
+    }
+    std::exception_ptr error;
+    if (current->next_chunk < current->chunks.size()) {
+      current->mark_started(Clock::now());
+      Chunk& chunk = current->chunks[current->next_chunk];
+      try {
+        chunk(*pool_);
+      } catch (...) {
+        error = std::current_exception();  // the job's later chunks are skipped
+      }
+      chunk = nullptr;  // release what the chunk captured as soon as it has run
+      ++current->next_chunk;
+    }
+    if (error || current->next_chunk == current->chunks.size()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queues_[current_queue].pop_front();
+      }
+      current->complete(std::move(error));
+    }
+  }
+}
+
 }  // namespace zf

@@ -79,6 +79,17 @@ void resize_global_thread_pool(int num_threads, std::vector<int> cores);
 int default_thread_count();
 int host_cpu_count();
 
+// ---- testing hooks ----------------------------------------------------------------------
+// For tests only: they change process-wide behaviour and are not thread-safe against pools
+// being created concurrently.
+//
+// From now on, every ThreadPool constructor fails to start its worker `fail_at_index`
+// (1-based, as the OS refusing a thread would); 0 turns the simulation off.
+void set_thread_start_failure_for_testing(int fail_at_index);
+// Overrides default_thread_count() (the size of a global pool created on first use);
+// 0 restores the real default.
+void set_default_thread_count_for_testing(int num_threads);
+
 // A job of a WorkQueue: complete once its last chunk has run (or it failed or was dropped).
 class WorkJob {
  public:

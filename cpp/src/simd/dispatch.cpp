@@ -1,7 +1,10 @@
-// Picks the SIMD level once, at load time, from cpuid (and ZENFLOW_SIMD).
+// Picks the SIMD level once, at first use, from cpuid (and ZENFLOW_SIMD).
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "common/error.hpp"
 #include "simd/kernels.hpp"
@@ -26,21 +29,29 @@ zf_simd_level detect_supported_level() {
   return ZF_SIMD_SCALAR;
 }
 
-zf_simd_level level_from_environment(zf_simd_level supported) {
-  const char* requested = std::getenv("ZENFLOW_SIMD");
-  if (requested == nullptr || requested[0] == '\0') return supported;
-  zf_simd_level level = supported;
-  if (std::strcmp(requested, "scalar") == 0) level = ZF_SIMD_SCALAR;
-  if (std::strcmp(requested, "avx2") == 0) level = ZF_SIMD_AVX2;
-  if (std::strcmp(requested, "avx512") == 0) level = ZF_SIMD_AVX512;
-  // The variable can only lower the level: asking for more than the CPU has would crash.
-  return level < supported ? level : supported;
+const char* level_name(zf_simd_level level) {
+  switch (level) {
+    case ZF_SIMD_SCALAR:
+      return "scalar";
+    case ZF_SIMD_AVX2:
+      return "avx2";
+    case ZF_SIMD_AVX512:
+      return "avx512";
+  }
+  return "unknown";
 }
 
 struct State {
   zf_simd_level supported;
+  std::string environment_warning;
   std::atomic<int> active;
-  State() : supported(detect_supported_level()), active(level_from_environment(supported)) {}
+  State() : supported(detect_supported_level()), active(ZF_SIMD_SCALAR) {
+    EnvironmentLevel chosen = level_from_environment_value(std::getenv("ZENFLOW_SIMD"), supported);
+    environment_warning = std::move(chosen.warning);
+    active.store(chosen.level, std::memory_order_relaxed);
+    // A misspelt variable must not go unnoticed: the run would silently use another level.
+    if (!environment_warning.empty()) std::fprintf(stderr, "zenflow: %s\n", environment_warning.c_str());
+  }
 };
 
 State& state() {
@@ -49,6 +60,27 @@ State& state() {
 }
 
 }  // namespace
+
+EnvironmentLevel level_from_environment_value(const char* requested, zf_simd_level supported) {
+  if (requested == nullptr || requested[0] == '\0') return {supported, ""};
+  zf_simd_level level;
+  if (std::strcmp(requested, "scalar") == 0) {
+    level = ZF_SIMD_SCALAR;
+  } else if (std::strcmp(requested, "avx2") == 0) {
+    level = ZF_SIMD_AVX2;
+  } else if (std::strcmp(requested, "avx512") == 0) {
+    level = ZF_SIMD_AVX512;
+  } else {
+    return {supported, std::string("ZENFLOW_SIMD='") + requested + "' is not one of avx512, avx2, scalar; using " +
+                           level_name(supported)};
+  }
+  // The variable can only lower the level: asking for more than the CPU has would crash.
+  if (level > supported) {
+    return {supported, std::string("ZENFLOW_SIMD='") + requested + "' is above what this CPU supports; using " +
+                           level_name(supported)};
+  }
+  return {level, ""};
+}
 
 const KernelTable* kernel_table(zf_simd_level level) {
   switch (level) {
@@ -82,26 +114,36 @@ ZF_API zf_simd_level zf_simd_level_active(void) {
   return static_cast<zf_simd_level>(state().active.load(std::memory_order_relaxed));
 }
 
+ZF_API const char* zf_simd_environment_warning(void) { return state().environment_warning.c_str(); }
+
+namespace {
+// The value a caller passed, read as the integer it is: a C caller may pass any int, and
+// converting one outside the enumerators to zf_simd_level in C++ is undefined, so the range
+// is checked on the raw bits before the value is used as the enum.
+int raw_level_value(zf_simd_level level) {
+  static_assert(sizeof(zf_simd_level) == sizeof(int), "zf_simd_level is passed as an int by the C ABI");
+  int raw;
+  std::memcpy(&raw, &level, sizeof(raw));
+  return raw;
+}
+bool is_known_level(int raw) { return raw >= ZF_SIMD_SCALAR && raw <= ZF_SIMD_AVX512; }
+}  // namespace
+
 ZF_API zf_status zf_set_simd_level(zf_simd_level level) {
+  const int raw = raw_level_value(level);
   return zf::api_call([&] {
-    zf::require(level >= ZF_SIMD_SCALAR && level <= ZF_SIMD_AVX512, ZF_ERROR_INVALID_VALUE,
-                "level: unknown SIMD level ", static_cast<int>(level));
-    zf::require(level <= state().supported, ZF_ERROR_INVALID_VALUE, "level: ", zf_simd_level_name(level),
-                " is not supported by this CPU (highest: ", zf_simd_level_name(state().supported), ")");
-    state().active.store(level, std::memory_order_relaxed);
+    zf::require(is_known_level(raw), ZF_ERROR_INVALID_VALUE, "level: unknown SIMD level ", raw,
+                " (expected 0 scalar, 1 avx2 or 2 avx512)");
+    const zf_simd_level known = static_cast<zf_simd_level>(raw);
+    zf::require(known <= state().supported, ZF_ERROR_INVALID_VALUE, "level: ", zf::simd::level_name(known),
+                " is not supported by this CPU (highest: ", zf::simd::level_name(state().supported), ")");
+    state().active.store(known, std::memory_order_relaxed);
   });
 }
 
 ZF_API const char* zf_simd_level_name(zf_simd_level level) {
-  switch (level) {
-    case ZF_SIMD_SCALAR:
-      return "scalar";
-    case ZF_SIMD_AVX2:
-      return "avx2";
-    case ZF_SIMD_AVX512:
-      return "avx512";
-  }
-  return "unknown";
+  const int raw = raw_level_value(level);
+  return is_known_level(raw) ? zf::simd::level_name(static_cast<zf_simd_level>(raw)) : "unknown";
 }
 
 }  // extern "C"

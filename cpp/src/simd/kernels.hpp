@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "common/adam_math.hpp"
 #include "zenflow/zenflow.h"
@@ -49,6 +50,15 @@ const KernelTable* kernel_table_scalar();
 const KernelTable* kernel_table_avx2();
 const KernelTable* kernel_table_avx512();
 #endif
+
+// The level the environment variable ZENFLOW_SIMD asks for, given the supported one.
+// `warning` is empty when the request is honoured as written (or absent); otherwise it says
+// why not and which level is used instead (the supported one).
+struct EnvironmentLevel {
+  zf_simd_level level;
+  std::string warning;
+};
+EnvironmentLevel level_from_environment_value(const char* requested, zf_simd_level supported);
 
 // Table of the active level (see zf_simd_level_active()).
 const KernelTable& active_kernels();
