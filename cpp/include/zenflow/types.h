@@ -119,10 +119,12 @@ ZF_API const char* zf_simd_level_name(zf_simd_level level);
 /* ---- host thread pool ---- */
 /*
  * zenflow's host kernels run on a pool of worker threads that zenflow owns (no OpenMP),
- * separate from the framework's intra-op threads. The default size is
- * max(1, cores - floor(cores * 0.5)): half the cores stay with the training framework.
- * The calling thread takes part in every parallel region, so a pool of size 1 has no extra
- * thread. Results never depend on the thread count.
+ * separate from the framework's intra-op threads. This process-wide pool runs the plain
+ * ops, which are synchronous: the calling thread waits inside them, and with it the
+ * framework, so by default the pool has one thread per usable core. (Work that overlaps the
+ * training loop, the engine's host lane, runs on pools of its own sized by the
+ * pt_reserved_cores_perc split instead.) The calling thread takes part in every parallel
+ * region, so a pool of size 1 has no extra thread. Results never depend on the thread count.
  */
 /* Size of the pool, creating the default one on first use; if that fails (the OS refusing
  * a thread), returns 1 and leaves the reason in zf_last_error(). */

@@ -1,6 +1,7 @@
 #include "common/thread_pool.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -165,9 +166,12 @@ int host_cpu_count() {
 int default_thread_count() {
   const int override_count = default_thread_count_override.load(std::memory_order_relaxed);
   if (override_count > 0) return override_count;
-  // pt_reserved_cores_perc = 0.5: the framework keeps floor(cores / 2), zenflow the rest.
+  return host_cpu_count();
+}
+
+int reserved_split_thread_count(double reserved_share) {
   const int cores = host_cpu_count();
-  return std::max(1, cores - cores / 2);
+  return std::max(1, cores - static_cast<int>(std::floor(cores * reserved_share)));
 }
 
 namespace {

@@ -75,8 +75,14 @@ bool in_parallel_region();
 // resize swaps in a new pool, and the old one is joined after its last user is done.
 std::shared_ptr<ThreadPool> global_thread_pool();
 void resize_global_thread_pool(int num_threads, std::vector<int> cores);
-// The default split: max(1, cores - floor(cores * reserved_share)) with reserved_share 0.5.
+// The process-wide pool's default size: every usable core. Its calls are synchronous (the
+// training thread waits inside them, and with it the framework's own threads), so they
+// may use the whole machine.
 int default_thread_count();
+// The split for work that overlaps the training loop (the engine's host lane): the framework
+// keeps floor(cores * reserved_share) cores (pt_reserved_cores_perc), zenflow takes the rest,
+// at least 1.
+int reserved_split_thread_count(double reserved_share);
 int host_cpu_count();
 
 // ---- testing hooks ----------------------------------------------------------------------
