@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/packed_layout.hpp"
+#include "common/tensor.hpp"
 #include "zenflow/optim.h"
 
 namespace zf {
