@@ -58,12 +58,16 @@ bool check_master(const zf_tensor& t, const ArgName& name, int64_t elements, con
   return elements != 0;
 }
 
-void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom) {
+void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom,
+                       int64_t first_index) {
   const int32_t maximum = std::numeric_limits<int32_t>::max() - headroom;
   for (int64_t c = 0; c < count; ++c) {
     if (counts[c] >= minimum && counts[c] <= maximum) continue;
-    if (counts[c] < minimum) fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c], " is below ", minimum);
-    fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c],
+    const int64_t index = first_index + c;
+    if (counts[c] < minimum) {
+      fail(ZF_ERROR_INVALID_VALUE, name, "[", index, "]: step count ", counts[c], " is below ", minimum);
+    }
+    fail(ZF_ERROR_INVALID_VALUE, name, "[", index, "]: step count ", counts[c],
          " cannot be incremented (it would pass INT32_MAX)");
   }
 }
