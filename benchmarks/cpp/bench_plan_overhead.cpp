@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   const zf_tensor total_t = zenflow::contiguous_tensor(&total, ZF_DTYPE_F32, {});
   const zf_tensor flag_t = zenflow::contiguous_tensor(&nonfinite, ZF_DTYPE_I32, {});
   const std::vector<double> lr(count, 1e-9), wd(count, 0.0);
-  const zf_adam_hparams hparams = zenflow::default_adam_hparams();
+  const zf_adam_hparams hparams = zenflow::adam_hparams();
 
   // The C entry points: validation and planning on every call.
   const double stats_call = time_us(reps, [&] { zenflow::column_stats(grad_t, col_sq_t, total_t, flag_t); });

@@ -83,22 +83,44 @@ int main(void) {
   {
     float weights[4] = {1.0f, 1.0f, 1.0f, 1.0f}, m[4] = {0}, v[4] = {0}, g[4] = {0.5f, -2.0f, 3.0f, -0.25f};
     int64_t step = 1;
-    zf_adam_hparams hp;
+    double lr = 0.1, weight_decay = 0.0;
+    zf_adam_hparams hp = ZF_ADAM_HPARAMS_DEFAULT;
     zf_tensor w_t = tensor_1d(weights, ZF_DTYPE_F32, 4), m_t = tensor_1d(m, ZF_DTYPE_F32, 4);
     zf_tensor v_t = tensor_1d(v, ZF_DTYPE_F32, 4), g_t = tensor_1d(g, ZF_DTYPE_F32, 4);
     int i;
-    hp.lr = 0.1;
-    hp.beta1 = 0.9;
-    hp.beta2 = 0.999;
-    hp.eps = 1e-8;
-    hp.weight_decay = 0.0;
-    hp.mode = ZF_ADAM_MODE_ADAMW;
-    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, &step, 1, &hp, 1.0f, 0) == ZF_SUCCESS);
+    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, 1, &step, &lr, &weight_decay, &hp, 1.0f, 0) == ZF_SUCCESS);
     for (i = 0; i < 4; ++i) EXPECT(fabsf(weights[i] - (g[i] > 0 ? 0.9f : 1.1f)) < 1e-6f);
     hp.beta1 = 1.5; /* out of range: rejected, nothing written */
-    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, &step, 1, &hp, 1.0f, 0) == ZF_ERROR_INVALID_VALUE);
+    EXPECT(zf_cpu_adamw_step(&w_t, &m_t, &v_t, &g_t, NULL, 1, &step, &lr, &weight_decay, &hp, 1.0f, 0) ==
+           ZF_ERROR_INVALID_VALUE);
     EXPECT(strstr(zf_last_error(), "beta1") != NULL);
     EXPECT(fabsf(weights[0] - 0.9f) < 1e-6f);
+  }
+
+  /* The skip-columns step on host-layout state [n=2, m=2] with column 1 selected: column 0
+   * is updated and its step count incremented; column 1 is untouched. */
+  {
+    float master[4] = {1.0f, 1.0f, 1.0f, 1.0f}, m[4] = {0}, v[4] = {0}, acc[4] = {1.0f, -1.0f, 7.0f, 7.0f};
+    int32_t steps[2] = {0, 5}, selected = 1;
+    double lr = 0.1, weight_decay = 0.0;
+    zf_adam_hparams hp = ZF_ADAM_HPARAMS_DEFAULT;
+    zf_column_state state;
+    zf_tensor acc_t = tensor_1d(acc, ZF_DTYPE_F32, 4), selected_t = tensor_1d(&selected, ZF_DTYPE_I32, 1);
+    state.master = tensor_1d(master, ZF_DTYPE_F32, 4);
+    state.exp_avg = tensor_1d(m, ZF_DTYPE_F32, 4);
+    state.exp_avg.ndim = 2;
+    state.exp_avg.shape[0] = 2;
+    state.exp_avg.shape[1] = 2;
+    state.exp_avg.strides[0] = 2;
+    state.exp_avg.strides[1] = 1;
+    state.exp_avg_sq = tensor_1d(v, ZF_DTYPE_F32, 4);
+    state.steps = tensor_1d(steps, ZF_DTYPE_I32, 2);
+    EXPECT(zf_cpu_adamw_step_skip_columns(&state, &selected_t, 1, &acc_t, NULL, NULL, &lr, &weight_decay, &hp, 1.0f,
+                                          ZF_CPU_ADAMW_ZERO_GRAD | ZF_CPU_ADAMW_INCREMENT_STEPS) == ZF_SUCCESS);
+    EXPECT(fabsf(master[0] - 0.9f) < 1e-6f && fabsf(master[1] - 1.1f) < 1e-6f);
+    EXPECT(master[2] == 1.0f && master[3] == 1.0f);
+    EXPECT(steps[0] == 1 && steps[1] == 5);
+    EXPECT(acc[0] == 0.0f && acc[1] == 0.0f && acc[2] == 7.0f);
   }
 
   /* accumulate and pack: the per-step host and device work of deferral. */
@@ -107,7 +129,7 @@ int main(void) {
     int32_t selected = 1;
     zf_tensor acc_t = tensor_1d(acc, ZF_DTYPE_F32, 4), block_t = tensor_1d(block, ZF_DTYPE_F32, 4);
     zf_tensor packed_t = tensor_1d(packed, ZF_DTYPE_F32, 4), selected_t = tensor_1d(&selected, ZF_DTYPE_I32, 1);
-    EXPECT(zf_cpu_accumulate(&acc_t, &block_t, NULL, 1, 0.5f) == ZF_SUCCESS);
+    EXPECT(zf_cpu_accumulate(&acc_t, NULL, 1, &block_t, 0.5f) == ZF_SUCCESS);
     EXPECT(acc[0] == 0.5f && acc[3] == 2.0f);
     g.dtype = ZF_DTYPE_F32; /* grad [2, 3] = {1..6}; columns 0 and 2 are unselected */
     EXPECT(zf_pack_columns(&g, &selected_t, 1, &packed_t, NULL, NULL) == ZF_SUCCESS);

@@ -204,7 +204,7 @@ TEST(AdamwSelected, NoopFlagChangesNothing) {
   const zf_tensor noop_t = zenflow::contiguous_tensor(&noop, ZF_DTYPE_I32, {});
   const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {7});
   zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, {sel}, {c.state()}, {c.lr}, {0.0},
-                                  zenflow::default_adam_hparams(), nullptr, &noop_t);
+                                  zenflow::adam_hparams(), nullptr, &noop_t);
   EXPECT_EQ(c.param.half, before.param.half);
   EXPECT_EQ(c.master, before.master);
   EXPECT_EQ(c.exp_avg, before.exp_avg);
@@ -220,7 +220,7 @@ TEST(AdamwSelected, BadInputFailsAndWritesNothing) {
   zf_tensor param = c.param.tensor(), grad = c.grad.tensor();
   zf_column_state state = c.state();
   const double lr = 1e-3, wd = 0.0;
-  const zf_adam_hparams o = zenflow::default_adam_hparams();
+  const zf_adam_hparams o = zenflow::adam_hparams();
   EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
             ZF_ERROR_INVALID_VALUE);
   EXPECT_NE(std::string(zf_last_error()).find("ascending"), std::string::npos) << zf_last_error();
@@ -261,7 +261,7 @@ TEST(AdamwSelected, StepCountsThatCannotAdvanceAreRejected) {
     zf_tensor param = c.param.tensor(), grad = c.grad.tensor();
     zf_column_state state = c.state();
     const double lr = 1e-3, wd = 0.0;
-    const zf_adam_hparams o = zenflow::default_adam_hparams();
+    const zf_adam_hparams o = zenflow::adam_hparams();
     EXPECT_EQ(
         zf_adamw_selected_columns(&param, &grad, &sel, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr, nullptr),
         ZF_ERROR_INVALID_VALUE);
@@ -277,7 +277,7 @@ TEST(AdamwSelected, AliasedBuffersAreRejectedBeforeAnyWrite) {
   const Case before = c;
   const zf_tensor sel = zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {3});
   const double lr = 1e-3, wd = 0.0;
-  const zf_adam_hparams o = zenflow::default_adam_hparams();
+  const zf_adam_hparams o = zenflow::adam_hparams();
   const auto expect_overlap = [&](zf_tensor param, zf_tensor grad, zf_tensor selected, zf_column_state state,
                                   const char* first, const char* second) {
     EXPECT_EQ(zf_adamw_selected_columns(&param, &grad, &selected, &state, 1, &lr, &wd, nullptr, &o, nullptr, nullptr,
@@ -352,7 +352,7 @@ TEST(AdamwSelected, PlanRunsWithFreshPointersAsTheCEntryPoint) {
     zenflow::adamw_selected_columns({by_call.param.tensor()}, {by_call.grad.tensor()}, {sel}, {by_call.state()}, {1e-3},
                                     {0.01});
   }
-  zf::AdamwSelectedPlan plan({{13, 29, 6, ZF_DTYPE_BF16, ZF_DTYPE_BF16, true}}, zenflow::default_adam_hparams());
+  zf::AdamwSelectedPlan plan({{13, 29, 6, ZF_DTYPE_BF16, ZF_DTYPE_BF16, true}}, zenflow::adam_hparams());
   Case by_plan = original;
   auto pool = zf::global_thread_pool();
   for (int step = 0; step < 3; ++step) {

@@ -42,8 +42,9 @@ extern "C" {
 /* Write zero into every gradient element the step consumed (the window's accumulator). */
 #define ZF_CPU_ADAMW_ZERO_GRAD 1u
 /* zf_cpu_adamw_step_skip_columns: add 1 to the count of every updated (unselected) column
- * first, and use the new count, as torch increments `step` before using it. Without it,
- * the counts are used as they are and must be >= 1. */
+ * first, and use the new count, as torch increments `step` before using it; those counts
+ * must then be in [0, INT32_MAX). Without it, the counts are used as they are and must be
+ * >= 1. */
 #define ZF_CPU_ADAMW_INCREMENT_STEPS 2u
 
 /*
@@ -73,8 +74,9 @@ ZF_API zf_status zf_cpu_adamw_step(const zf_tensor* params, const zf_tensor* exp
  * matrices held in the host layout; selected columns are neither read nor written in any
  * buffer (their counts included).
  *
- *   state[i]        host layout: master, exp_avg, exp_avg_sq f32 [n_i, m_i] (master
- *                   required), steps i32 [n_i] (per column).
+ *   state[i]        host layout: exp_avg f32 2-D [n_i, m_i] (it gives the shape), master
+ *                   and exp_avg_sq f32 with n_i * m_i elements (master required unless
+ *                   that is 0), steps i32 [n_i] (per column).
  *   selected        NULL (nothing selected), or `count` tensors i32 [k_i], strictly
  *                   increasing, in [0, n_i).
  *   grads           the gradient, in exactly one of two forms:
@@ -82,7 +84,8 @@ ZF_API zf_status zf_cpu_adamw_step(const zf_tensor* params, const zf_tensor* exp
  *                   window's accumulators; selected columns ignored). Consumed columns are
  *                   zeroed with ZF_CPU_ADAMW_ZERO_GRAD. Or NULL.
  *     packed_grads  a 1-D packed buffer (f32, bf16 or f16) of the unselected columns, in
- *                   the layout of zf_pack_columns. Or NULL.
+ *                   the layout of zf_pack_columns (all of it is consumed, and zeroed with
+ *                   ZF_CPU_ADAMW_ZERO_GRAD). Or NULL.
  *   packed_out      NULL, or a 1-D packed buffer (f32, bf16 or f16) that receives the
  *                   updated unselected columns, in the layout zf_scatter_columns reads:
  *                   the upload copy.
@@ -120,8 +123,9 @@ ZF_API zf_status zf_cpu_accumulate(const zf_tensor* accumulators, const zf_tenso
  * zf_exchange_selected_columns they move a column's fp32 master, moments and step count
  * between the host and the compact device state without rounding or resetting anything.
  *
- *   host[i]       host layout, master may be empty (then the lists' masters must be
- *                 empty too: nothing to move).
+ *   host[i]       host layout (exp_avg 2-D [n_i, m_i] gives the shape); master may be
+ *                 empty (then the lists' masters must be empty too: nothing to move).
+ *                 The counts that move must be >= 0.
  *   columns[i]    i32 [L_i], strictly increasing, in [0, n_i): which columns move.
  *   gather:  out[i] (packed host [L_i, m_i], steps [L_i]) <- those columns of host[i].
  *   scatter: those columns of host[i] <- in[i].

@@ -81,10 +81,10 @@ inline void select_topk_columns(const std::vector<zf_tensor>& scores, const std:
 
 // ---- column ops (see zenflow/optim.h and zenflow/pack.h for the contracts) ----
 
-// torch.optim.AdamW's beta1, beta2, eps and decoupled weight decay.
-inline zf_adam_hparams default_adam_hparams() {
-  const zf_adam_hparams defaults = ZF_ADAM_HPARAMS_DEFAULT;
-  return defaults;
+// The hyper-parameters shared by every Adam call; the defaults are torch.optim.AdamW's.
+constexpr zf_adam_hparams adam_hparams(double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+                                       zf_adam_mode mode = ZF_ADAM_MODE_ADAMW) {
+  return zf_adam_hparams{beta1, beta2, eps, mode};
 }
 
 // `selected` empty: every column (dense AdamW). lr_tensor, grad_scale and noop may be null;
@@ -92,7 +92,7 @@ inline zf_adam_hparams default_adam_hparams() {
 inline void adamw_selected_columns(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& grads,
                                    const std::vector<zf_tensor>& selected, const std::vector<zf_column_state>& state,
                                    const std::vector<double>& lr, const std::vector<double>& weight_decay,
-                                   const zf_adam_hparams& hparams = default_adam_hparams(),
+                                   const zf_adam_hparams& hparams = adam_hparams(),
                                    const zf_tensor* grad_scale = nullptr, const zf_tensor* noop = nullptr,
                                    const zf_tensor* lr_tensor = nullptr, zf_stream stream = nullptr) {
   const size_t count = params.size();
@@ -199,19 +199,15 @@ inline std::vector<zf_simd_level> supported_simd_levels() {
 
 }  // namespace zenflow
 
-// ---- host optimizer (see zenflow/cpu_adam.h for the contracts) ----
+// ---- host optimizer (see zenflow/cpu_adamw.h for the contracts) ----
 namespace zenflow {
 
-inline zf_adam_hparams adam_hparams(double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
-                                    double weight_decay = 1e-2, zf_adam_mode mode = ZF_ADAM_MODE_ADAMW) {
-  return zf_adam_hparams{lr, beta1, beta2, eps, weight_decay, mode};
-}
 
 namespace detail {
 inline void require_same_length(size_t expected, size_t got, const char* name) {
   if (got != expected) {
     throw Error(ZF_ERROR_INVALID_VALUE, std::string(name) + ": has " + std::to_string(got) + " entries for " +
-                                            std::to_string(expected) + " params");
+                                            std::to_string(expected) + " tensors");
   }
 }
 // An empty list stands for "none" (a NULL array at the C ABI).
@@ -222,49 +218,65 @@ inline const zf_tensor* optional_list(const std::vector<zf_tensor>& list, size_t
 }
 }  // namespace detail
 
-// One Adam/AdamW step on every tensor; out_params empty for no output copy.
+// One Adam/AdamW step on every tensor; out_params empty for no output copy. steps, lr and
+// weight_decay hold one value per tensor.
 inline void cpu_adamw_step(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& exp_avgs,
                            const std::vector<zf_tensor>& exp_avg_sqs, const std::vector<zf_tensor>& grads,
                            const std::vector<zf_tensor>& out_params, const std::vector<int64_t>& steps,
-                           const zf_adam_hparams& hparams, float grad_scale = 1.0f, uint32_t flags = 0) {
+                           const std::vector<double>& lr, const std::vector<double>& weight_decay,
+                           const zf_adam_hparams& hparams = adam_hparams(), float grad_scale = 1.0f,
+                           uint32_t flags = 0) {
   const size_t count = params.size();
   detail::require_same_length(count, exp_avgs.size(), "exp_avgs");
   detail::require_same_length(count, exp_avg_sqs.size(), "exp_avg_sqs");
   detail::require_same_length(count, grads.size(), "grads");
   detail::require_same_length(count, steps.size(), "steps");
+  detail::require_same_length(count, lr.size(), "lr");
+  detail::require_same_length(count, weight_decay.size(), "weight_decay");
   check(zf_cpu_adamw_step(params.data(), exp_avgs.data(), exp_avg_sqs.data(), grads.data(),
-                          detail::optional_list(out_params, count, "out_params"), steps.data(), count, &hparams,
-                          grad_scale, flags));
+                          detail::optional_list(out_params, count, "out_params"), count, steps.data(), lr.data(),
+                          weight_decay.data(), &hparams, grad_scale, flags));
 }
 
-// The step on the unselected columns of column-major matrices. selected, column_steps and
-// out_params may be empty (none); steps is used (one per matrix) when column_steps is empty.
-inline void cpu_adamw_step_skip_columns(const std::vector<zf_tensor>& params, const std::vector<zf_tensor>& exp_avgs,
-                                        const std::vector<zf_tensor>& exp_avg_sqs, const std::vector<zf_tensor>& grads,
-                                        const std::vector<zf_tensor>& out_params,
-                                        const std::vector<zf_tensor>& selected,
-                                        const std::vector<zf_tensor>& column_steps, const std::vector<int64_t>& steps,
-                                        const zf_adam_hparams& hparams, float grad_scale = 1.0f, uint32_t flags = 0) {
-  const size_t count = params.size();
-  detail::require_same_length(count, exp_avgs.size(), "exp_avgs");
-  detail::require_same_length(count, exp_avg_sqs.size(), "exp_avg_sqs");
-  detail::require_same_length(count, grads.size(), "grads");
-  if (column_steps.empty()) detail::require_same_length(count, steps.size(), "steps");
-  check(zf_cpu_adamw_step_skip_columns(params.data(), exp_avgs.data(), exp_avg_sqs.data(), grads.data(),
-                                       detail::optional_list(out_params, count, "out_params"),
-                                       detail::optional_list(selected, count, "selected"),
-                                       detail::optional_list(column_steps, count, "column_steps"),
-                                       steps.empty() ? nullptr : steps.data(), count, &hparams, grad_scale, flags));
+// The step on the unselected columns of host-layout matrices. selected empty: nothing is
+// selected. The gradient is either `grads` (one per matrix) or `packed_grads` (the other
+// empty / null); packed_out may be null.
+inline void cpu_adamw_step_skip_columns(const std::vector<zf_column_state>& state,
+                                        const std::vector<zf_tensor>& selected, const std::vector<zf_tensor>& grads,
+                                        const zf_tensor* packed_grads, const zf_tensor* packed_out,
+                                        const std::vector<double>& lr, const std::vector<double>& weight_decay,
+                                        const zf_adam_hparams& hparams = adam_hparams(), float grad_scale = 1.0f,
+                                        uint32_t flags = 0) {
+  const size_t count = state.size();
+  detail::require_same_length(count, lr.size(), "lr");
+  detail::require_same_length(count, weight_decay.size(), "weight_decay");
+  check(zf_cpu_adamw_step_skip_columns(state.data(), detail::optional_list(selected, count, "selected"), count,
+                                       detail::optional_list(grads, count, "grads"), packed_grads, packed_out,
+                                       lr.data(), weight_decay.data(), &hparams, grad_scale, flags));
 }
 
-// accumulators[i] += scale * blocks[i]; with selected (non-empty), blocks hold the packed
-// unselected columns.
-inline void cpu_accumulate(const std::vector<zf_tensor>& accumulators, const std::vector<zf_tensor>& blocks,
-                           const std::vector<zf_tensor>& selected = {}, float scale = 1.0f) {
+// accumulators[i] += scale * (matrix i's region of `packed`); selected empty: nothing is
+// selected (each region is the accumulator's elements in order).
+inline void cpu_accumulate(const std::vector<zf_tensor>& accumulators, const std::vector<zf_tensor>& selected,
+                           const zf_tensor& packed, float scale = 1.0f) {
   const size_t count = accumulators.size();
-  detail::require_same_length(count, blocks.size(), "blocks");
-  check(zf_cpu_accumulate(accumulators.data(), blocks.data(), detail::optional_list(selected, count, "selected"), count,
+  check(zf_cpu_accumulate(accumulators.data(), detail::optional_list(selected, count, "selected"), count, &packed,
                           scale));
+}
+
+// out[i] <- the listed columns of host[i]; host[i] <- in[i] at the listed columns.
+inline void cpu_gather_columns(const std::vector<zf_column_state>& host, const std::vector<zf_tensor>& columns,
+                               const std::vector<zf_column_state>& out) {
+  detail::require_same_length(host.size(), columns.size(), "columns");
+  detail::require_same_length(host.size(), out.size(), "out");
+  check(zf_cpu_gather_columns(host.data(), columns.data(), host.size(), out.data()));
+}
+
+inline void cpu_scatter_columns(const std::vector<zf_column_state>& in, const std::vector<zf_tensor>& columns,
+                                const std::vector<zf_column_state>& host) {
+  detail::require_same_length(host.size(), columns.size(), "columns");
+  detail::require_same_length(host.size(), in.size(), "in");
+  check(zf_cpu_scatter_columns(in.data(), columns.data(), host.size(), host.data()));
 }
 
 }  // namespace zenflow

@@ -58,13 +58,16 @@ bool check_master(const zf_tensor& t, const ArgName& name, int64_t elements, con
   return elements != 0;
 }
 
-void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom) {
+void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom,
+                       int64_t first_index) {
   const int32_t maximum = std::numeric_limits<int32_t>::max() - headroom;
   for (int64_t c = 0; c < count; ++c) {
     if (counts[c] >= minimum && counts[c] <= maximum) continue;
-    if (counts[c] < minimum)
-      fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c], " is below ", minimum);
-    fail(ZF_ERROR_INVALID_VALUE, name, "[", c, "]: step count ", counts[c],
+    const int64_t index = first_index + c;
+    if (counts[c] < minimum) {
+      fail(ZF_ERROR_INVALID_VALUE, name, "[", index, "]: step count ", counts[c], " is below ", minimum);
+    }
+    fail(ZF_ERROR_INVALID_VALUE, name, "[", index, "]: step count ", counts[c],
          " cannot be incremented (it would pass INT32_MAX)");
   }
 }
@@ -73,8 +76,8 @@ void OverlapCheck::add(const zf_tensor& t, const ArgName& name, bool written) {
   const int64_t bytes = numel(t) * static_cast<int64_t>(zf_dtype_size(t.dtype));
   if (bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type), t.device.index,
-                          written, name});
+  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type),
+                          t.device.index, written, name});
 }
 
 void OverlapCheck::check() {

@@ -32,8 +32,10 @@ bool check_master(const zf_tensor& t, const ArgName& name, int64_t elements, con
                   const ArgName& device_source);
 
 // Host step counts (i32, `count` of them at `counts`): each must be >= minimum and
-// <= INT32_MAX - headroom (headroom 1 when the call increments them).
-void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom);
+// <= INT32_MAX - headroom (headroom 1 when the call increments them). `counts` may start
+// inside the tensor `name`: at its element first_index, which messages then count from.
+void check_step_counts(const int32_t* counts, int64_t count, const ArgName& name, int32_t minimum, int32_t headroom,
+                       int64_t first_index = 0);
 
 // Every buffer of one call, for one check that no buffer the call writes overlaps any
 // other buffer of the call (read or written). Byte ranges [data, data + numel * size) of
