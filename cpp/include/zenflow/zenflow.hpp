@@ -202,7 +202,6 @@ inline std::vector<zf_simd_level> supported_simd_levels() {
 // ---- host optimizer (see zenflow/cpu_adamw.h for the contracts) ----
 namespace zenflow {
 
-
 namespace detail {
 inline void require_same_length(size_t expected, size_t got, const char* name) {
   if (got != expected) {

@@ -76,8 +76,8 @@ void OverlapCheck::add(const zf_tensor& t, const ArgName& name, bool written) {
   const int64_t bytes = numel(t) * static_cast<int64_t>(zf_dtype_size(t.dtype));
   if (bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type),
-                          t.device.index, written, name});
+  ranges_.push_back(Range{begin, begin + static_cast<uintptr_t>(bytes), static_cast<int>(t.device.type), t.device.index,
+                          written, name});
 }
 
 void OverlapCheck::check() {

@@ -1,9 +1,9 @@
 #include "common/thread_pool.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <system_error>
