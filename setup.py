@@ -1,11 +1,17 @@
 """Thin setuptools driver: CMake builds libzenflow and zenflow._C (CMakeLists.txt).
 
+Only the library and the Python module are built here: the C++ tests are built by
+tests/run_all.sh. `pip install -v .` shows the CMake and ninja output as it comes; each phase
+also announces itself with one "zenflow:" line on stderr.
+
 Environment:
   ZENFLOW_BUILD_DIR   CMake build directory (default: build-cmake/<python tag>); keeping it
                       makes editable reinstalls incremental.
-  ZENFLOW_WITH_CUDA   AUTO (default) / 1 / 0.
-  ZENFLOW_CUDA_ARCHS  CUDA architectures, e.g. "90" (default "80-real;90").
+  ZENFLOW_WITH_CUDA   AUTO (default: CUDA when nvcc is found and a GPU is visible) / 1 / 0.
+  ZENFLOW_CUDA_ARCHS  CUDA architectures, e.g. "90" (default: the visible GPUs'; with
+                      ZENFLOW_WITH_CUDA=1 and no GPU, "80-real;90"). Setting it compiles CUDA.
   ZENFLOW_BUILD_TYPE  CMake build type (default Release).
+  CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default: ninja's, about the core count).
 """
 
 import hashlib
@@ -14,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -26,6 +33,11 @@ LIBRARY = "libzenflow.so"
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
+
+
+def _phase(message: str) -> None:
+    # stderr, unbuffered: pip -v interleaves it with CMake's output in the right order.
+    print(f"zenflow: {message}", file=sys.stderr, flush=True)
 
 
 class CMakeBuild(build_ext):
@@ -58,8 +70,12 @@ class CMakeBuild(build_ext):
         ninja = shutil.which("ninja")
         if ninja:
             config.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
+        started = time.monotonic()
+        _phase(f"configuring with CMake in {build_dir}")
         subprocess.run(config, check=True)
+        _phase("compiling libzenflow and zenflow._C with ninja (pip install -v . shows each step)")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
+        _phase(f"native build done in {time.monotonic() - started:.0f} s; packaging")
 
     # libzenflow.so sits next to _C (found through its $ORIGIN rpath). A wheel takes the whole
     # build directory; the in-place (editable) copy must be told about the library.

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what tests/run_all.sh needs and a fresh machine may lack: pytest, numpy, cmake and
+# ninja from pip (into the active Python), GoogleTest from apt (root only; libgtest-dev), and
+# ccache when apt can provide it (optional: it only makes rebuilds faster). Installs nothing
+# that is already there.
+set -euo pipefail
+
+python=${PYTHON:-python}
+say() { echo "test_deps.sh: $*" >&2; }
+
+missing_pip=()
+"$python" -c "import pytest" 2>/dev/null || missing_pip+=("pytest>=7")
+"$python" -c "import numpy" 2>/dev/null || missing_pip+=(numpy)
+command -v cmake > /dev/null || missing_pip+=("cmake>=3.25")
+command -v ninja > /dev/null || missing_pip+=(ninja)
+if [ ${#missing_pip[@]} -gt 0 ]; then
+  say "pip install ${missing_pip[*]}"
+  "$python" -m pip install -q --disable-pip-version-check "${missing_pip[@]}"
+fi
+
+# GoogleTest: CMake's FindGTest looks for the headers and the static libraries.
+have_gtest() {
+  [ -n "${GTEST_ROOT:-}" ] && return 0
+  [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ] || return 1
+  ls /usr/lib/*/libgtest.a /usr/lib/libgtest.a /usr/local/lib/libgtest.a > /dev/null 2>&1
+}
+missing_apt=()
+have_gtest || missing_apt+=(libgtest-dev)
+command -v ccache > /dev/null || missing_apt+=(ccache)
+if [ ${#missing_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get > /dev/null; then
+    say "apt-get install ${missing_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # ccache is a convenience: its absence must not stop the tests.
+    apt-get install -y -qq libgtest-dev > /dev/null 2>&1 || have_gtest || true
+    apt-get install -y -qq ccache > /dev/null 2>&1 || say "ccache not available (builds are just slower)"
+  fi
+  if ! have_gtest; then
+    say "GoogleTest is missing and cannot be installed here (needs root and apt-get)."
+    say "Install it (Debian/Ubuntu: sudo apt-get install libgtest-dev; conda: conda install gtest),"
+    say "or point CMake at an installed copy with GTEST_ROOT=/path/to/gtest."
+    exit 1
+  fi
+fi
