@@ -37,11 +37,13 @@ inline zf_tensor contiguous_tensor(void* data, zf_dtype dtype, const std::vector
   t.dtype = dtype;
   t.device = device;
   t.ndim = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
+  // Unsigned products: for a shape whose size overflows int64 the strides wrap (defined
+  // behaviour) and the library rejects the shape when it validates the descriptor.
+  uint64_t stride = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     t.shape[d] = shape[static_cast<size_t>(d)];
-    t.strides[d] = stride;
-    stride *= shape[static_cast<size_t>(d)];
+    t.strides[d] = static_cast<int64_t>(stride);
+    stride *= static_cast<uint64_t>(shape[static_cast<size_t>(d)]);
   }
   return t;
 }

@@ -50,12 +50,12 @@ static std::string shape_string(const zf_tensor& t) {
 
 void check_descriptor(const zf_tensor* t, const ArgName& name) {
   require(t != nullptr, ZF_ERROR_INVALID_VALUE, name, ": descriptor is NULL");
-  // Enums arrive from C as raw integers: compare them as integers (an out-of-range value
-  // in a C++ enum is undefined behaviour only once it is used as the enum).
-  const int dtype_code = static_cast<int>(t->dtype);
+  // Enums arrive from C as raw integers: compare them as integers, read without going
+  // through the enum type.
+  const int dtype_code = raw_enum_value(t->dtype);
   require(dtype_code >= ZF_DTYPE_F32 && dtype_code <= ZF_DTYPE_I64, ZF_ERROR_INVALID_TYPE, name,
           ": unknown dtype code ", dtype_code);
-  const int device_code = static_cast<int>(t->device.type);
+  const int device_code = raw_enum_value(t->device.type);
   require(device_code == ZF_DEVICE_CPU || device_code == ZF_DEVICE_CUDA, ZF_ERROR_INVALID_TYPE, name,
           ": unsupported device type ", device_code);
   require(t->device.type == ZF_DEVICE_CPU || t->device.index >= 0, ZF_ERROR_INVALID_TYPE, name,

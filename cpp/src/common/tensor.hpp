@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <ostream>
 #include <string>
@@ -13,6 +14,17 @@
 #include "zenflow/zenflow.h"
 
 namespace zf {
+
+// The integer a C caller stored in an enum field. Loading an out-of-range value through the
+// C++ enum type is itself undefined behaviour (UBSan reports it), so validation reads the
+// bytes as the int that C stores.
+template <typename Enum>
+inline int raw_enum_value(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are stored as int");
+  int raw;
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
 
 // "base", "base[index]" or "base[index].field", formatted on demand. Holds pointers only:
 // it lives no longer than the call that validates.

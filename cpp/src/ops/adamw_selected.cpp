@@ -96,7 +96,7 @@ void check_hparams(const zf_adam_hparams* h) {
           "hparams.beta2: must be in [0, 1), got ", h->beta2);
   require(std::isfinite(h->eps) && h->eps >= 0.0, ZF_ERROR_INVALID_VALUE, "hparams.eps: must be finite and >= 0, got ",
           h->eps);
-  const int mode = static_cast<int>(h->mode);
+  const int mode = zf::raw_enum_value(h->mode);
   require(mode == ZF_ADAM_MODE_ADAMW || mode == ZF_ADAM_MODE_ADAM, ZF_ERROR_INVALID_VALUE,
           "hparams.mode: unknown mode ", mode);
 }
