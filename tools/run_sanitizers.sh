@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the C/C++ test suite under AddressSanitizer + UndefinedBehaviorSanitizer, then under
 # ThreadSanitizer, and runs the whole ctest suite in each (host-only builds: no CUDA, no
-# Python). Any report fails the run: UBSan does not recover, ASan and TSan halt on the first
-# error, and leak checking stays on.
+# Python; under TSan all but the two fork tests TSan cannot run, see below). Any report fails
+# the run: UBSan does not recover, ASan and TSan halt on the first error, and leak checking
+# stays on.
 #
 #   bash tools/run_sanitizers.sh                 # both
 #   bash tools/run_sanitizers.sh address,undefined
@@ -32,12 +33,22 @@ for sanitizers in "$@"; do
   cmake --build "$build_dir" --target zenflow_tests zenflow_c_api_test
   echo "run_sanitizers.sh: [$sanitizers] built in $((SECONDS - started)) s; running ctest" >&2
   started=$SECONDS
+  exclude=()
+  if [ "$sanitizers" = thread ]; then
+    # TSan cannot run these two: their child, forked from a multithreaded parent, starts
+    # threads, which TSan refuses ("starting new threads after multi-threaded fork is not
+    # supported"; with die_after_fork=0 its thread registry still holds the parent's threads:
+    # "dup thread with used id"). They run in the plain and the ASan+UBSan builds.
+    exclude=(-E '^Fork\.ChildUsesTheGlobalPool')
+    echo "run_sanitizers.sh: [thread] excluded (TSan does not support threads after a multithreaded fork): Fork.ChildUsesTheGlobalPool*" >&2
+  fi
   # abort_on_error is off: a report ends the process with exitcode, which ctest shows as a
   # plain failure together with the report. The fork tests' children _exit() on purpose,
-  # which skips the leak check in the child only.
+  # which skips the leak check in the child only. One test at a time: the executor's latency
+  # tests compare times measured under the sanitizers' slowdown.
   ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir "$build_dir" --output-on-failure -j 2
+    ctest --test-dir "$build_dir" --output-on-failure "${exclude[@]}"
   echo "run_sanitizers.sh: [$sanitizers] ctest clean in $((SECONDS - started)) s" >&2
 done
