@@ -22,7 +22,12 @@ fi
 have_gtest() {
   [ -n "${GTEST_ROOT:-}" ] && return 0
   [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ] || return 1
-  ls /usr/lib/*/libgtest.a /usr/lib/libgtest.a /usr/local/lib/libgtest.a > /dev/null 2>&1
+  local lib
+  for lib in /usr/lib/*/libgtest.{a,so} /usr/lib/libgtest.{a,so} /usr/lib64/libgtest.{a,so} \
+    /usr/local/lib/libgtest.{a,so} /usr/local/lib64/libgtest.{a,so}; do
+    [ -f "$lib" ] && return 0
+  done
+  return 1
 }
 missing_apt=()
 have_gtest || missing_apt+=(libgtest-dev)
