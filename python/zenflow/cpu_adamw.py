@@ -1,5 +1,6 @@
 """zenflow.CPUAdamW: a drop-in for torch.optim.AdamW on CPU parameters, running zenflow's
-SIMD host kernels on zenflow's own thread pool.
+SIMD host kernels on zenflow's own thread pool (through zenflow.ops.cpu_adamw_step, the
+same conversion path as every op).
 
 Arithmetic is torch's (see cpp/src/common/adam_math.hpp): a float32 model follows
 `torch.optim.AdamW` to float32 rounding. bfloat16 / float16 parameters keep an fp32
@@ -16,7 +17,10 @@ from typing import Any, Callable
 
 import torch
 
+from . import ops
 from ._native import native
+from ._omp import pause_openmp_workers
+from .ops._args import number
 
 __all__ = ["CPUAdamW", "default_num_threads"]
 
@@ -26,23 +30,19 @@ _FP32_STATE = ("exp_avg", "exp_avg_sq", "master")
 
 
 def default_num_threads(pt_reserved_cores_perc: float = 0.5) -> int:
-    """Threads for zenflow's pool when a share `pt_reserved_cores_perc` of this process's
-    cores stays with the training framework: max(1, cores - floor(cores * share)).
-    With the default 0.5 this is the pool's size at start-up."""
-    if not 0.0 <= pt_reserved_cores_perc <= 1.0:
-        raise ValueError(f"pt_reserved_cores_perc: must be in [0, 1], got {pt_reserved_cores_perc}")
+    """Threads for a host pool that runs beside the training framework when a share
+    `pt_reserved_cores_perc` of this process's cores stays with the framework:
+    max(1, cores - floor(cores * share)). (The process-wide pool that runs the plain ops
+    and CPUAdamW has one thread per usable core: the caller waits inside those calls.)"""
+    share = number("pt_reserved_cores_perc", pt_reserved_cores_perc)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"pt_reserved_cores_perc: must be in [0, 1], got {share}")
     cores = native().host_cpu_count()
-    return max(1, cores - math.floor(cores * pt_reserved_cores_perc))
+    return max(1, cores - math.floor(cores * share))
 
 
 def _check_number(name: str, value: Any, low: float, high: float | None = None) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name}: a tensor hyper-parameter must have one element")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    value = float(value)
+    value = number(name, value)
     if not math.isfinite(value) or value < low or (high is not None and value >= high):
         bound = f"[{low}, {high})" if high is not None else f">= {low}"
         raise ValueError(f"{name}: must be finite and {bound}, got {value}")
@@ -58,8 +58,10 @@ class CPUAdamW(torch.optim.Optimizer):
     parameter tensor and does not depend on tensor sizes: each param group's tensors go to
     the native kernel in one call (two when it mixes fp32 and bf16/fp16 parameters).
 
-    num_threads: resize zenflow's (process-wide) host pool; None keeps it, by default
-    `default_num_threads()` (half the cores stay with torch's intra-op threads).
+    num_threads: resize zenflow's (process-wide) host pool; None keeps it (by default one
+    thread per usable core: the training loop waits inside step(), so the cores it leaves
+    idle are used). Before the update, the idle OpenMP workers of torch are sent to sleep
+    (omp_pause_resource_all), so that they do not spin on the cores the pool needs.
     """
 
     def __init__(
@@ -125,76 +127,115 @@ class CPUAdamW(torch.optim.Optimizer):
             group.setdefault("maximize", False)
             group.setdefault("decoupled_weight_decay", True)
 
-    def _init_state(self, p: torch.Tensor) -> dict:
-        state = self.state[p]
-        if len(state) == 0:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
-            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
-            if p.dtype in _LOW_PRECISION:
-                state["master"] = p.detach().to(torch.float32, copy=True)
-        return state
-
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One AdamW step on every parameter with a gradient.
+
+        All-or-nothing: every hyper-parameter and parameter is checked before anything is
+        written, so a step that raises leaves parameters, moments and state["step"] as they
+        were (new state is only recorded once every update succeeded).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            lr = _check_number("lr", group["lr"], 0.0)
-            beta1, beta2 = group["betas"]
-            # Two calls at most: fp32 parameters are their own master; bf16/fp16 ones receive
-            # the rounded update while their fp32 master is written.
-            buckets = {False: ([], [], [], [], [], []), True: ([], [], [], [], [], [])}
+        # One native call per distinct (betas, eps, mode, maximize, precision): per-tensor lr
+        # and weight decay let one call cover several groups.
+        buckets: dict[tuple, tuple[list, ...]] = {}
+        new_states: dict[torch.Tensor, dict] = {}
+        step_tensors: list[torch.Tensor] = []
+        for index, group in enumerate(self.param_groups):
+            lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
+            wd = _check_number(f"param_groups[{index}].weight_decay", group["weight_decay"], 0.0)
+            eps = _check_number(f"param_groups[{index}].eps", group["eps"], 0.0)
+            betas = group["betas"]
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"param_groups[{index}].betas: expected a pair, got {betas!r}")
+            beta1 = _check_number(f"param_groups[{index}].betas[0]", betas[0], 0.0, 1.0)
+            beta2 = _check_number(f"param_groups[{index}].betas[1]", betas[1], 0.0, 1.0)
+            mode = "adamw" if group["decoupled_weight_decay"] else "adam"
+            scale = -1.0 if group["maximize"] else 1.0
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
                     continue
-                if grad.is_sparse:
-                    raise RuntimeError("CPUAdamW does not support sparse gradients")
-                if p.device.type != "cpu":
-                    raise ValueError(f"params: CPUAdamW updates CPU tensors, got one on {p.device}")
-                state = self._init_state(p)
-                state["step"] += 1
+                self._check_param(p, grad)
+                state = self.state.get(p)
+                if not state:
+                    state = self._new_state(p)
+                    new_states[p] = state
                 low_precision = p.dtype in _LOW_PRECISION
-                masters, exp_avgs, exp_avg_sqs, grads, outs, steps = buckets[low_precision]
+                key = (beta1, beta2, eps, mode, scale, low_precision)
+                lists = buckets.get(key)
+                if lists is None:
+                    lists = buckets[key] = ([], [], [], [], [], [], [], [])
+                masters, exp_avgs, exp_avg_sqs, grads, outs, steps, lrs, wds = lists
                 if low_precision:
                     masters.append(state["master"])
-                    outs.append(p.detach())
+                    outs.append(p)
                 else:
-                    masters.append(p.detach())
+                    masters.append(p)
                 exp_avgs.append(state["exp_avg"])
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 grads.append(grad if grad.is_contiguous() else grad.contiguous())
-                steps.append(int(state["step"].item()))
-            for low_precision, (
+                steps.append(int(state["step"].item()) + 1)
+                lrs.append(lr)
+                wds.append(wd)
+                step_tensors.append(state["step"])
+        if buckets:
+            pause_openmp_workers()
+        for (beta1, beta2, eps, mode, scale, low_precision), lists in buckets.items():
+            masters, exp_avgs, exp_avg_sqs, grads, outs, steps, lrs, wds = lists
+            ops.cpu_adamw_step(
                 masters,
                 exp_avgs,
                 exp_avg_sqs,
                 grads,
-                outs,
-                steps,
-            ) in buckets.items():
-                if not masters:
-                    continue
-                native().cpu_adamw_step(
-                    masters,
-                    exp_avgs,
-                    exp_avg_sqs,
-                    grads,
-                    outs if low_precision else None,
-                    steps,
-                    lr,
-                    float(beta1),
-                    float(beta2),
-                    float(group["eps"]),
-                    float(group["weight_decay"]),
-                    bool(group["decoupled_weight_decay"]),
-                    -1.0 if group["maximize"] else 1.0,
-                    False,
-                )
+                step=steps,
+                lr=lrs,
+                betas=(beta1, beta2),
+                eps=eps,
+                weight_decay=wds,
+                mode=mode,
+                grad_scale=scale,
+                out_params=outs if low_precision else None,
+            )
+        # Every update succeeded: record the new state and the step counts.
+        for p, state in new_states.items():
+            self.state[p] = state
+        if step_tensors:
+            torch._foreach_add_(step_tensors, 1.0)
         return loss
+
+    @staticmethod
+    def _check_param(p: torch.Tensor, grad: torch.Tensor) -> None:
+        """What the native call would reject, checked before any bucket runs."""
+        if grad.is_sparse or grad.layout != torch.strided:
+            raise RuntimeError("CPUAdamW does not support sparse gradients")
+        if p.device.type != "cpu" or grad.device.type != "cpu":
+            raise ValueError(
+                f"params: CPUAdamW updates CPU tensors, got a parameter on {p.device} "
+                f"with a gradient on {grad.device}"
+            )
+        if p.dtype not in _SUPPORTED:
+            raise TypeError(f"params: CPUAdamW takes float32, bfloat16 and float16, got {p.dtype}")
+        if grad.dtype not in _SUPPORTED:
+            raise TypeError(f"grads: CPUAdamW takes float32, bfloat16 and float16, got {grad.dtype}")
+        if grad.shape != p.shape:
+            raise ValueError(f"grads: shape {list(grad.shape)} differs from the parameter's {list(p.shape)}")
+        if not p.is_contiguous():
+            raise ValueError("params: CPUAdamW updates contiguous parameters")
+
+    @staticmethod
+    def _new_state(p: torch.Tensor) -> dict:
+        state = {
+            "step": torch.tensor(0.0, dtype=torch.float32),
+            "exp_avg": torch.zeros(p.shape, dtype=torch.float32),
+            "exp_avg_sq": torch.zeros(p.shape, dtype=torch.float32),
+        }
+        if p.dtype in _LOW_PRECISION:
+            state["master"] = p.detach().to(torch.float32, copy=True)
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but the fp32 state (m, v, master) stays fp32 for bf16/fp16
