@@ -220,9 +220,13 @@ class CPUAdamW(torch.optim.Optimizer):
         if p.dtype not in _SUPPORTED:
             raise TypeError(f"params: CPUAdamW takes float32, bfloat16 and float16, got {p.dtype}")
         if grad.dtype not in _SUPPORTED:
-            raise TypeError(f"grads: CPUAdamW takes float32, bfloat16 and float16, got {grad.dtype}")
+            raise TypeError(
+                f"grads: CPUAdamW takes float32, bfloat16 and float16, got {grad.dtype}"
+            )
         if grad.shape != p.shape:
-            raise ValueError(f"grads: shape {list(grad.shape)} differs from the parameter's {list(p.shape)}")
+            raise ValueError(
+                f"grads: shape {list(grad.shape)} differs from the parameter's {list(p.shape)}"
+            )
         if not p.is_contiguous():
             raise ValueError("params: CPUAdamW updates contiguous parameters")
 

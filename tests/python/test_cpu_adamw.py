@@ -359,9 +359,7 @@ def test_accumulate_consumes_the_pack_columns_buffer():
     gen = torch.Generator().manual_seed(8)
     shapes = [(7, 13, 3), (1, 5, 0), (4, 9, 9), (33, 17, 4)]
     grads = [torch.randn(m, n, generator=gen).bfloat16() for m, n, _ in shapes]
-    selected = [
-        torch.sort(torch.randperm(n, generator=gen)[:k]).values.int() for _, n, k in shapes
-    ]
+    selected = [torch.sort(torch.randperm(n, generator=gen)[:k]).values.int() for _, n, k in shapes]
     accs = [torch.randn(n, m, generator=gen) for m, n, _ in shapes]
     expected = [a.clone() for a in accs]
     for e, g, sel in zip(expected, grads, selected):
@@ -383,7 +381,10 @@ def test_gather_scatter_round_trip_is_lossless():
         torch.randint(0, 50, (n,), generator=gen, dtype=torch.int32),
     )
     cols = torch.tensor([0, 4, 5, 22], dtype=torch.int32)
-    out = ops.ColumnState(*(torch.full((4, m), float("nan")) for _ in range(3)), torch.full((4,), -1, dtype=torch.int32))
+    out = ops.ColumnState(
+        *(torch.full((4, m), float("nan")) for _ in range(3)),
+        torch.full((4,), -1, dtype=torch.int32),
+    )
     ops.cpu_gather_columns([host], [cols], [out])
     for got, full in zip(out, host):
         assert torch.equal(got, full[cols.long()])

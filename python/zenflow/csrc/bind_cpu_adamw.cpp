@@ -46,9 +46,8 @@ void register_cpu_adamw(py::module_& m) {
         require_length(count, weight_decay.size(), "weight_decay", "params");
         const zf_adam_hparams h{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
         conv.run([&] {
-          return zf_cpu_adamw_step(p.data(), mo.data(), v.data(), g.data(),
-                                   out_params.is_none() ? nullptr : out.data(), count, steps.data(), lr.data(),
-                                   weight_decay.data(), &h, grad_scale, flags);
+          return zf_cpu_adamw_step(p.data(), mo.data(), v.data(), g.data(), out_params.is_none() ? nullptr : out.data(),
+                                   count, steps.data(), lr.data(), weight_decay.data(), &h, grad_scale, flags);
         });
       },
       py::arg("params"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("grads"), py::arg("out_params"),

@@ -95,8 +95,9 @@ void register_pack(py::module_& m) {
         const auto selected_desc = conv.optional_list(selected, "selected", Access::kRead);
         if (!selected.is_none()) require_length(param_desc.size(), selected_desc.size(), "selected", "params");
         conv.run([&] {
-          return zf_scatter_columns(&packed_desc, param_desc.data(), selected.is_none() ? nullptr : selected_desc.data(),
-                                    param_desc.size(), reinterpret_cast<zf_stream>(stream));
+          return zf_scatter_columns(&packed_desc, param_desc.data(),
+                                    selected.is_none() ? nullptr : selected_desc.data(), param_desc.size(),
+                                    reinterpret_cast<zf_stream>(stream));
         });
       },
       py::arg("packed"), py::arg("params"), py::arg("selected"), py::arg("stream") = 0);
@@ -122,9 +123,9 @@ void register_pack(py::module_& m) {
         if (count == 0) return size_t{0};
         return run_with_workspace(conv, old_desc[0].device.type == ZF_DEVICE_CUDA, allocate,
                                   [&](void* ws, size_t* bytes) {
-                                    return zf_exchange_selected_columns(
-                                        old_desc.data(), new_desc.data(), old_s.data(), new_s.data(), in_s.data(),
-                                        out_s.data(), count, ws, bytes, reinterpret_cast<zf_stream>(stream));
+                                    return zf_exchange_selected_columns(old_desc.data(), new_desc.data(), old_s.data(),
+                                                                        new_s.data(), in_s.data(), out_s.data(), count,
+                                                                        ws, bytes, reinterpret_cast<zf_stream>(stream));
                                   });
       },
       py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"), py::arg("entering"),

@@ -89,9 +89,9 @@ struct TorchObjects {
       const py::handle module(torch);
       py::object tensor = module.attr("Tensor");
       const char* names[5] = {"float32", "float16", "bfloat16", "int32", "int64"};
-      static_assert(ZF_DTYPE_F32 == 0 && ZF_DTYPE_F16 == 1 && ZF_DTYPE_BF16 == 2 && ZF_DTYPE_I32 == 3 &&
-                        ZF_DTYPE_I64 == 4,
-                    "dtype table order");
+      static_assert(
+          ZF_DTYPE_F32 == 0 && ZF_DTYPE_F16 == 1 && ZF_DTYPE_BF16 == 2 && ZF_DTYPE_I32 == 3 && ZF_DTYPE_I64 == 4,
+          "dtype table order");
       for (int i = 0; i < 5; ++i) dtypes[i] = py::object(module.attr(names[i])).release().ptr();
       increment_version = py::object(module.attr("_C").attr("_increment_version")).release().ptr();
       tensor_type = reinterpret_cast<PyTypeObject*>(tensor.release().ptr());
@@ -160,7 +160,8 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
     }
   }
   {
-    py::object neg = py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_is_neg), name, "sign bit"));
+    py::object neg =
+        py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_is_neg), name, "sign bit"));
     if (neg.ptr() == Py_True) {
       value_error(name.str() +
                   ": has torch's lazy negative bit set (a view such as x.conj().imag); call .resolve_neg() first");
@@ -198,8 +199,8 @@ zf_dtype dtype_from_dlpack(const DLDataType& t, const ArgName& name) {
     if (t.code == kDLInt && t.bits == 32) return ZF_DTYPE_I32;
     if (t.code == kDLInt && t.bits == 64) return ZF_DTYPE_I64;
   }
-  type_error(name.str() + ": unsupported dtype (DLPack code " + std::to_string(t.code) + ", " +
-             std::to_string(t.bits) + " bits); zenflow takes float32, float16, bfloat16, int32 and int64");
+  type_error(name.str() + ": unsupported dtype (DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
+             " bits); zenflow takes float32, float16, bfloat16, int32 and int64");
 }
 
 zf_tensor from_dltensor(const DLTensor& dl, const ArgName& name) {
@@ -291,7 +292,8 @@ zf_tensor from_array_interface(const py::handle& obj, const ArgName& name, Acces
   t.dtype = dtype_from_typestr(info["typestr"].cast<std::string>(), name);
   t.device = zf_device{ZF_DEVICE_CPU, 0};
   const py::tuple data = info["data"];
-  if (access == Access::kWrite && data[1].cast<bool>()) value_error(name.str() + ": is read-only, but zenflow writes there");
+  if (access == Access::kWrite && data[1].cast<bool>())
+    value_error(name.str() + ": is read-only, but zenflow writes there");
   t.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
   const py::tuple shape = info["shape"];
   if (shape.size() > ZF_MAX_DIMS) value_error(name.str() + ": too many dimensions");
@@ -384,8 +386,8 @@ std::vector<zf_column_state> Converter::states(py::handle seq, const char* name,
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* entry = raw[i];
     if ((!PyTuple_Check(entry) && !PyList_Check(entry)) || PySequence_Fast_GET_SIZE(entry) != 4) {
-      type_error(ArgName{name, i}.str() + ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " +
-                 type_name(entry));
+      type_error(ArgName{name, i}.str() +
+                 ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " + type_name(entry));
     }
     PyObject** parts = PySequence_Fast_ITEMS(entry);
     zf_column_state& s = out[static_cast<size_t>(i)];

@@ -22,7 +22,7 @@ namespace py = pybind11;
 
 struct TensorArg {
   zf_tensor tensor{};
-  py::object keep_alive;  // the DLPack capsule (or the source object)
+  py::object keep_alive;        // the DLPack capsule (or the source object)
   bool is_torch_write = false;  // a torch tensor the call writes: its version is bumped after success
 };
 
@@ -81,8 +81,8 @@ class Converter {
 
  private:
   intptr_t stream_;
-  std::vector<py::object> keep_;      // DLPack capsules / array-interface sources
-  std::vector<PyObject*> written_;    // torch tensors written (borrowed: the caller holds them)
+  std::vector<py::object> keep_;    // DLPack capsules / array-interface sources
+  std::vector<PyObject*> written_;  // torch tensors written (borrowed: the caller holds them)
 };
 
 // A sequence argument as a fast sequence; raises TypeError naming it for anything but a
