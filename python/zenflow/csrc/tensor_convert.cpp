@@ -159,7 +159,7 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
       out.device = zf_device{ZF_DEVICE_CPU, 0};
     }
   }
-  {
+  if (out.dtype != ZF_DTYPE_I32 && out.dtype != ZF_DTYPE_I64) {  // the lazy sign bit exists on float views only
     py::object neg =
         py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_is_neg), name, "sign bit"));
     if (neg.ptr() == Py_True) {
