@@ -13,8 +13,15 @@ fastest torch sequence doing the same work (several are tried; all are reported)
 Effective GB/s counts the bytes each operation must move: 28 per element for an fp32 step
 (read p, m, v, g; write p, m, v), and the real count elsewhere (stated in each table).
 
-    python benchmarks/bench_cpu_adam.py                      # 1M, 16M, 128M; 1 and 2 threads
-    python benchmarks/bench_cpu_adam.py --sizes 1e6 --threads 1 --no-write
+    python benchmarks/bench_cpu_adamw.py                      # 1M, 16M, 128M; 1 and 2 threads
+    python benchmarks/bench_cpu_adamw.py --sizes 1e6 --threads 1 --no-write
+
+--defaults: the drop-in question instead (issue 7, item 10): zenflow.CPUAdamW at its
+defaults against torch.optim.AdamW(fused=True), fp32 and bf16 parameters, with nothing set:
+no environment variable (OMP_WAIT_POLICY stays unset), no thread count; interleaved in one
+process. CPUAdamW is also run with its OpenMP pause turned off, to show what it buys.
+
+    python benchmarks/bench_cpu_adamw.py --defaults           # writes *-cpu-adamw-defaults.md
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from pathlib import Path
 # OpenMP workers spin after each parallel region by default, which would steal the cores
 # from whichever peer runs next in the interleaved loop; passive waiting keeps every peer's
 # measurement its own. Must be set before the OpenMP runtimes load (before `import torch`).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# --defaults measures the out-of-the-box behaviour, so it sets nothing.
+DEFAULTS_MODE = "--defaults" in sys.argv[1:]
+if not DEFAULTS_MODE:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
@@ -311,17 +321,14 @@ def bench_skip_columns(n_elements: int, threads: int) -> list:
 
     p_z, m_z, v_z = (t.view(cols, rows) for t in fp32_state(n, 7))
     selected_i32 = selected.to(torch.int32)
-    step_z = [0]
+    state_z = ops.ColumnState(p_z, m_z, v_z, torch.zeros(cols, dtype=torch.int32))
 
     def zenflow_skip():
-        step_z[0] += 1
         ops.cpu_adamw_step_skip_columns(
-            p_z,
-            m_z,
-            v_z,
-            grad,
-            selected=selected_i32,
-            step=step_z[0],
+            [state_z],
+            [selected_i32],
+            grads=[grad],
+            increment_steps=True,
             lr=LR,
             betas=BETAS,
             eps=EPS,
@@ -412,6 +419,111 @@ def ratio_rows(case: str, n: int, threads: int, medians: dict, nbytes: float) ->
     ]
 
 
+# ---- --defaults: the drop-in at its defaults, nothing set ----
+
+
+def _model(shapes: list, dtype: torch.dtype, seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    params = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.randn(shape, generator=gen).to(dtype))
+        p.grad = torch.randn(shape, generator=gen).to(dtype)
+        params.append(p)
+    return params
+
+
+def bench_defaults(cases: list, dtypes: list, reps: int) -> list:
+    """CPUAdamW() against AdamW(fused=True), both at their defaults (lr aside), on the same
+    model shapes, interleaved; CPUAdamW once more with the OpenMP pause off."""
+    from zenflow import _omp
+
+    rows = []
+    for label, shapes in cases:
+        n = sum(int(torch.Size(s).numel()) for s in shapes)
+        for dtype in dtypes:
+            ours = zenflow.CPUAdamW(_model(shapes, dtype, 1), lr=LR)
+            ours_no_pause = zenflow.CPUAdamW(_model(shapes, dtype, 1), lr=LR)
+            fused = torch.optim.AdamW(_model(shapes, dtype, 1), lr=LR, fused=True)
+
+            def without_pause(opt=ours_no_pause):
+                _omp.set_enabled(False)
+                try:
+                    opt.step()
+                finally:
+                    _omp.set_enabled(True)
+
+            medians = interleaved(
+                {
+                    "zenflow.CPUAdamW()": ours.step,
+                    "zenflow.CPUAdamW(), OpenMP pause off": without_pause,
+                    "torch.optim.AdamW(fused=True)": fused.step,
+                },
+                reps,
+            )
+            for name, seconds in medians.items():
+                rows.append(
+                    {
+                        "case": label,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "n": n,
+                        "impl": name,
+                        "ms": seconds * 1e3,
+                        "ratio": medians["torch.optim.AdamW(fused=True)"] / seconds,
+                    }
+                )
+            del ours, ours_no_pause, fused
+            gc.collect()
+    return rows
+
+
+def defaults_markdown(rows: list, reps: int) -> str:
+    out = [
+        f"# zenflow.CPUAdamW at its defaults vs torch.optim.AdamW(fused=True), "
+        f"{datetime.date.today().isoformat()}",
+        "",
+        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adamw.py', *sys.argv[1:]])}`",
+        f"Machine: {cpu_model()}, {zenflow.native().host_cpu_count()} logical CPUs usable, "
+        f"SIMD level {zenflow.simd_level()}; torch {torch.__version__} "
+        f"({torch.get_num_threads()} intra-op threads), zenflow pool {zenflow.get_num_threads()} threads.",
+        "Nothing set: OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, ZENFLOW_SIMD="
+        f"{os.environ.get('ZENFLOW_SIMD', 'unset')}, no set_num_threads call. Each table row "
+        f"set is one interleaved run (A B C A B C ...), median of {reps} steps. "
+        "'vs fused' = fused AdamW's median / this median (above 1: faster than fused).",
+        "bf16: CPUAdamW keeps an fp32 master, m and v and writes the rounded bf16 weights; "
+        "torch's fused AdamW keeps bf16 m and v (less memory traffic, less precision).",
+        "",
+        "| case | params dtype | elements | implementation | median ms | vs fused |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['case']} | {r['dtype']} | {fmt_n(r['n'])} | {r['impl']} | {r['ms']:.2f} | "
+            f"{r['ratio']:.2f}x |"
+        )
+    return "\n".join(out)
+
+
+def defaults_main(args) -> None:
+    cases = [
+        ("1 tensor of 1M", [(1024, 1024)]),
+        ("1 tensor of 16M", [(4096, 4096)]),
+        ("300 tensors (a small model, 19.7M)", [(256, 256)] * 300),
+        ("1 tensor of 64M", [(8192, 8192)]),
+    ]
+    if args.sizes_given:
+        cases = [(f"1 tensor of {fmt_n(n)}", [(n,)]) for n in parse_sizes(args.sizes)]
+    reps = args.reps or 21
+    rows = bench_defaults(cases, [torch.float32, torch.bfloat16], reps)
+    report = defaults_markdown(rows, reps) + "\n"
+    print(report)
+    if not args.no_write:
+        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adamw-defaults.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report)
+        print(f"wrote {path}")
+
+
 # ---- report ----
 
 
@@ -475,7 +587,16 @@ def main() -> None:
     parser.add_argument(
         "--reps", type=int, default=0, help="repetitions per case (default: by size)"
     )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="CPUAdamW at its defaults vs AdamW(fused=True), nothing set (see above)",
+    )
     args = parser.parse_args()
+    args.sizes_given = any(a.startswith("--sizes") for a in sys.argv[1:])
+    if args.defaults:
+        defaults_main(args)
+        return
     if args.reps > 0:
         REPS_OVERRIDE.append(args.reps)
     sizes = parse_sizes(args.sizes)
@@ -515,7 +636,7 @@ def main() -> None:
     header = [
         f"# CPU optimizer benchmark, {datetime.date.today().isoformat()}",
         "",
-        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adam.py', *sys.argv[1:]])}`",
+        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adamw.py', *sys.argv[1:]])}`",
         f"Machine: {cpu_model()}, {zenflow.native().host_cpu_count()} logical CPUs, "
         f"SIMD level {zenflow.simd_level()}; torch {torch.__version__}; DeepSpeed: {ds_status}; roof: {roof_status};"
         f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}.",
@@ -527,7 +648,7 @@ def main() -> None:
     ]
     report = "\n".join(header) + "\n" + markdown(rows) + "\n"
     if not args.no_write:
-        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adam.md"
+        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adamw.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report)
         print(f"wrote {path}")
