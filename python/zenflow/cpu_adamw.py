@@ -27,6 +27,11 @@ __all__ = ["CPUAdamW", "default_num_threads"]
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _SUPPORTED = (torch.float32, *_LOW_PRECISION)
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master")
+# Sending torch's idle OpenMP workers to sleep before the update costs a join of those
+# workers (and torch's next parallel region starts them again): measured on 2 cores, it
+# made a 1M-element step several times slower and a 16M-element step faster
+# (benchmarks/results/2026-12-03-cpu-adamw-defaults.md). Only steps this large pause them.
+_PAUSE_OPENMP_MIN_ELEMENTS = 8 << 20
 
 
 def default_num_threads(pt_reserved_cores_perc: float = 0.5) -> int:
@@ -60,8 +65,9 @@ class CPUAdamW(torch.optim.Optimizer):
 
     num_threads: resize zenflow's (process-wide) host pool; None keeps it (by default one
     thread per usable core: the training loop waits inside step(), so the cores it leaves
-    idle are used). Before the update, the idle OpenMP workers of torch are sent to sleep
-    (omp_pause_resource_all), so that they do not spin on the cores the pool needs.
+    idle are used). Before a large update (8M elements or more), the idle OpenMP workers of
+    torch are sent to sleep (omp_pause_resource_all), so that they do not spin on the cores
+    the pool needs.
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class CPUAdamW(torch.optim.Optimizer):
         buckets: dict[tuple, tuple[list, ...]] = {}
         new_states: dict[torch.Tensor, dict] = {}
         step_tensors: list[torch.Tensor] = []
+        elements = 0
         for index, group in enumerate(self.param_groups):
             lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
             wd = _check_number(f"param_groups[{index}].weight_decay", group["weight_decay"], 0.0)
@@ -182,7 +189,8 @@ class CPUAdamW(torch.optim.Optimizer):
                 lrs.append(lr)
                 wds.append(wd)
                 step_tensors.append(state["step"])
-        if buckets:
+                elements += p.numel()
+        if elements >= _PAUSE_OPENMP_MIN_ELEMENTS:
             pause_openmp_workers()
         for (beta1, beta2, eps, mode, scale, low_precision), lists in buckets.items():
             masters, exp_avgs, exp_avg_sqs, grads, outs, steps, lrs, wds = lists

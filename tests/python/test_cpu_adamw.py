@@ -476,3 +476,33 @@ def test_bad_selected_indices(selected, match):
     with pytest.raises(ValueError, match=match):
         ops.cpu_accumulate(acc, block, selected=torch.tensor(selected, dtype=torch.int32))
     assert torch.equal(acc, torch.full((8, 8), 1.0))
+
+
+def test_openmp_pause_leaves_torch_working():
+    from zenflow import _omp
+
+    a = torch.randn(1 << 20)
+    expected = a.double() * 3
+    assert isinstance(_omp.pause_openmp_workers(), bool)
+    torch.testing.assert_close((a * 3).double(), expected)  # torch's workers start again
+    _omp.set_enabled(False)
+    try:
+        assert _omp.pause_openmp_workers() is False
+    finally:
+        _omp.set_enabled(True)
+
+
+def test_large_step_with_openmp_pause_matches_torch(monkeypatch):
+    import zenflow.cpu_adamw as module
+
+    monkeypatch.setattr(module, "_PAUSE_OPENMP_MIN_ELEMENTS", 1)
+    ours_params, ref_params = make_model(), make_model()
+    ours = zenflow.CPUAdamW(ours_params, lr=1e-2)
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, foreach=False)
+    for t in range(3):
+        set_grads(ours_params, t)
+        set_grads(ref_params, t)
+        ours.step()
+        ref.step()
+    for a, b in zip(ours_params, ref_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
