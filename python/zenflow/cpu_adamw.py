@@ -25,6 +25,7 @@ from .ops._args import number
 __all__ = ["CPUAdamW", "default_num_threads"]
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+_STRIDED = torch.strided
 _SUPPORTED = (torch.float32, *_LOW_PRECISION)
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master")
 # Sending torch's idle OpenMP workers to sleep before the update costs a join of those
@@ -52,6 +53,15 @@ def _check_number(name: str, value: Any, low: float, high: float | None = None) 
         bound = f"[{low}, {high})" if high is not None else f">= {low}"
         raise ValueError(f"{name}: must be finite and {bound}, got {value}")
     return value
+
+
+def _next_steps(step_tensors: list[torch.Tensor]) -> list[int]:
+    """torch's `step` after its increment, for every tensor: one read for all of them."""
+    try:
+        values = torch.stack(step_tensors).tolist()
+    except (RuntimeError, TypeError):  # mixed shapes, dtypes or devices: one by one
+        values = [t.item() for t in step_tensors]
+    return [int(v) + 1 for v in values]
 
 
 class CPUAdamW(torch.optim.Optimizer):
@@ -150,6 +160,7 @@ class CPUAdamW(torch.optim.Optimizer):
         buckets: dict[tuple, tuple[list, ...]] = {}
         new_states: dict[torch.Tensor, dict] = {}
         step_tensors: list[torch.Tensor] = []
+        checked: list[tuple[torch.Tensor, torch.Tensor]] = []
         elements = 0
         for index, group in enumerate(self.param_groups):
             lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
@@ -166,7 +177,9 @@ class CPUAdamW(torch.optim.Optimizer):
                 grad = p.grad
                 if grad is None:
                     continue
-                self._check_param(p, grad)
+                if grad.layout is not _STRIDED:
+                    raise RuntimeError("CPUAdamW does not support sparse gradients")
+                checked.append((p, grad))
                 state = self.state.get(p)
                 if not state:
                     state = self._new_state(p)
@@ -185,11 +198,19 @@ class CPUAdamW(torch.optim.Optimizer):
                 exp_avgs.append(state["exp_avg"])
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 grads.append(grad if grad.is_contiguous() else grad.contiguous())
-                steps.append(int(state["step"].item()) + 1)
+                steps.append(state["step"])
                 lrs.append(lr)
                 wds.append(wd)
-                step_tensors.append(state["step"])
                 elements += p.numel()
+        # One native call validates everything before it writes anything; with several
+        # calls, a later one must not fail after an earlier one wrote: check what the
+        # native layer would reject first.
+        if len(buckets) > 1:
+            for p, grad in checked:
+                self._check_param(p, grad)
+        for lists in buckets.values():
+            step_tensors += lists[5]
+            lists[5][:] = _next_steps(lists[5])
         if elements >= _PAUSE_OPENMP_MIN_ELEMENTS:
             pause_openmp_workers()
         for (beta1, beta2, eps, mode, scale, low_precision), lists in buckets.items():

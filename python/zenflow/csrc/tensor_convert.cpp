@@ -418,6 +418,15 @@ void Converter::bump_versions() {
   written_.clear();
 }
 
+void bump_versions(const std::vector<const TensorArg*>& args) {
+  py::list tensors;
+  for (const TensorArg* arg : args) {
+    if (arg != nullptr && arg->is_torch_write) tensors.append(arg->keep_alive);
+  }
+  if (tensors.empty()) return;
+  py::handle(torch_objects().increment_version)(tensors);
+}
+
 void require_length(size_t expected, size_t got, const char* name, const char* what) {
   if (got != expected) {
     value_error(std::string(name) + ": has " + std::to_string(got) + " entries for " + std::to_string(expected) + " " +

@@ -43,6 +43,9 @@ struct ArgName {
 TensorArg to_tensor(const py::handle& obj, const std::string& name, Access access, intptr_t stream);
 std::vector<TensorArg> to_tensor_list(const py::handle& seq, const std::string& name, Access access, intptr_t stream);
 std::vector<zf_tensor> descriptors(const std::vector<TensorArg>& args);
+// After a successful call through these helpers: bumps the autograd version of every torch
+// tensor among `args` that was converted for writing (TensorArg::is_torch_write).
+void bump_versions(const std::vector<const TensorArg*>& args);
 
 // Raises the Python exception for a failed zenflow status (ValueError, TypeError, ...).
 void throw_status(zf_status status);

@@ -82,19 +82,23 @@ def integer(name: str, value: Any) -> int:
     raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
 
 
-def per_matrix(name: str, value: Any, count: int) -> list[float]:
+def per_matrix(name: str, value: Any, count: int) -> list[float] | tuple:
     """One number for every matrix, or one number per matrix."""
     if isinstance(value, (list, tuple)):
         if len(value) != count:
             raise ValueError(f"{name}: has {len(value)} values for {count} matrices")
+        if all(type(v) is float for v in value):  # the common case, without a call per value
+            return value
         return [number(f"{name}[{i}]", v) for i, v in enumerate(value)]
     return [number(name, value)] * count
 
 
-def int_per_matrix(name: str, value: Any, count: int) -> list[int]:
+def int_per_matrix(name: str, value: Any, count: int) -> list[int] | tuple:
     if isinstance(value, (list, tuple)):
         if len(value) != count:
             raise ValueError(f"{name}: has {len(value)} entries for {count} params")
+        if all(type(v) is int for v in value):
+            return value
         return [integer(f"{name}[{i}]", v) for i, v in enumerate(value)]
     return [integer(name, value)] * count
 
