@@ -3,11 +3,17 @@ returns results of the same family, on the same device, as its inputs."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Sequence
 from typing import Any
 
 _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64")
+
+
+@functools.cache
+def _torch_dtype(name: str) -> Any:
+    return getattr(importlib.import_module("torch"), name)
 
 
 def family(x: Any, name: str = "array") -> str:
@@ -43,8 +49,7 @@ def empty(like: Any, shape: Sequence[int], dtype: str, name: str = "array") -> A
     dtype = check_dtype(dtype)
     kind = family(like, name)
     if kind == "torch":
-        torch = importlib.import_module("torch")
-        return torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
+        return like.new_empty(tuple(shape), dtype=_torch_dtype(dtype))
     if kind == "cupy":
         cupy = importlib.import_module("cupy")
         with cupy.cuda.Device(like.device.id):
@@ -79,7 +84,3 @@ def workspace(like: Any, nbytes: int) -> Any:
 def workspace_allocator(like: Any) -> Any:
     """The callable the native layer asks for scratch memory (CUDA calls only)."""
     return lambda nbytes: workspace(like, nbytes)
-
-
-def shape_of(x: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in x.shape)
