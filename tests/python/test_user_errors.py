@@ -371,3 +371,22 @@ def test_bogus_simd_environment_warns_visibly():
         check=True,
     )
     assert "RuntimeWarning" not in out.stderr
+
+
+def test_failed_step_with_several_native_calls_changes_nothing():
+    """fp32 and bf16 parameters, and groups with other betas, need separate native calls;
+    a parameter rejected in a later call must not leave the earlier calls' writes."""
+    fp32 = torch.randn(6, 4, requires_grad=True)
+    bf16 = torch.randn(6, 4).bfloat16().requires_grad_()
+    strided = torch.empty_strided((4, 6), (1, 4)).normal_().requires_grad_()
+    opt = zenflow.CPUAdamW(
+        [{"params": [fp32, bf16]}, {"params": [strided], "betas": (0.8, 0.9)}], lr=1e-2
+    )
+    for p in (fp32, bf16, strided):
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in (fp32, bf16, strided)]
+    with pytest.raises(ValueError, match="contiguous"):
+        opt.step()
+    for p, b in zip((fp32, bf16, strided), before):
+        assert torch.equal(p.detach(), b)
+    assert len(opt.state) == 0
