@@ -236,7 +236,10 @@ class CPUAdamW(torch.optim.Optimizer):
         for p, state in new_states.items():
             self.state[p] = state
         if step_tensors:
-            torch._foreach_add_(step_tensors, 1.0)
+            try:
+                native().add_to_scalars(step_tensors, 1.0)
+            except (ValueError, TypeError):  # a step that is not a 1-element fp32 CPU tensor
+                torch._foreach_add_(step_tensors, 1.0)
         return loss
 
     @staticmethod

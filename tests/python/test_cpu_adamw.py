@@ -506,3 +506,16 @@ def test_large_step_with_openmp_pause_matches_torch(monkeypatch):
         ref.step()
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_step_counts_of_any_tensor_kind_are_incremented():
+    params = make_model()
+    opt = zenflow.CPUAdamW(params, lr=1e-2)
+    set_grads(params, 0)
+    opt.step()
+    opt.state[params[0]]["step"] = torch.tensor(1.0, dtype=torch.float64)  # not fp32
+    versions = [opt.state[p]["step"]._version for p in params[1:]]
+    set_grads(params, 1)
+    opt.step()
+    assert [float(opt.state[p]["step"]) for p in params] == [2.0] * len(params)
+    assert all(opt.state[p]["step"]._version > v for p, v in zip(params[1:], versions))
