@@ -6,9 +6,12 @@ applied by a multithreaded SIMD CPU AdamW, asynchronously, every few steps.
 
 from __future__ import annotations
 
+import warnings
+
 from . import ops
 from ._native import native
-from .cpu_adam import CPUAdamW, default_num_threads
+from .cpu_adamw import CPUAdamW, default_num_threads
+from .ops._args import integer
 
 __version__ = "0.1.0"
 
@@ -57,11 +60,39 @@ def get_num_threads() -> int:
     return native().get_num_threads()
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def set_num_threads(num_threads: int, cores: list[int] | None = None) -> None:
-    """Resize zenflow's host thread pool; optionally pin worker i to cores[i % len(cores)]."""
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-        raise TypeError(f"num_threads: expected an int, got {type(num_threads).__name__}")
-    native().set_num_threads(num_threads, list(cores or []))
+    """Resize zenflow's host thread pool; optionally pin worker i to cores[i % len(cores)].
+
+    num_threads must be in [1, max(64, 4 * CPUs)]: more could only oversubscribe the cores.
+    """
+    num_threads = integer("num_threads", num_threads)
+    limit = max(64, 4 * native().host_cpu_count())
+    if not 1 <= num_threads <= limit:
+        raise ValueError(f"num_threads: must be in [1, {limit}], got {num_threads}")
+    if cores is None:
+        core_ids = []
+    elif isinstance(cores, (list, tuple)):
+        core_ids = [integer(f"cores[{i}]", c) for i, c in enumerate(cores)]
+    else:
+        raise TypeError(f"cores: expected a list of CPU ids, got {type(cores).__name__}")
+    for i, c in enumerate(core_ids):
+        if not 0 <= c <= _INT32_MAX:
+            raise ValueError(f"cores[{i}]: not a CPU id: {c}")
+    native().set_num_threads(num_threads, core_ids)
+
+
+def _warn_about_simd_environment() -> None:
+    """ZENFLOW_SIMD set to something the CPU or zenflow cannot honour: say so where Python
+    users look (the C core also prints it once to stderr)."""
+    message = native().simd_environment_warning()
+    if message:
+        warnings.warn(f"zenflow: {message}", RuntimeWarning, stacklevel=3)
+
+
+_warn_about_simd_environment()
 
 
 def info() -> dict:

@@ -3,11 +3,17 @@ returns results of the same family, on the same device, as its inputs."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Sequence
 from typing import Any
 
 _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64")
+
+
+@functools.cache
+def _torch_dtype(name: str) -> Any:
+    return getattr(importlib.import_module("torch"), name)
 
 
 def family(x: Any, name: str = "array") -> str:
@@ -26,21 +32,24 @@ def is_cuda(x: Any) -> bool:
     return kind == "cupy"
 
 
-def prepare(x: Any, name: str) -> Any:
-    """What crosses into the native layer: torch tensors that require grad refuse to
-    export through DLPack, so they travel detached (same memory)."""
-    if family(x, name) == "torch" and x.requires_grad:
-        return x.detach()
-    return x
+def check_dtype(dtype: Any, name: str = "dtype", allowed: Sequence[str] = _DTYPES) -> str:
+    """A dtype name zenflow can allocate ('float32', ...); torch/numpy dtypes are accepted."""
+    text = str(dtype).replace("torch.", "")
+    if text not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {dtype!r}")
+    return text
 
 
-def empty(like: Any, shape: Sequence[int], dtype: str) -> Any:
+def dtype_name(x: Any) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def empty(like: Any, shape: Sequence[int], dtype: str, name: str = "array") -> Any:
     """An uninitialised array of `like`'s family and device."""
-    assert dtype in _DTYPES, dtype
-    kind = family(like)
+    dtype = check_dtype(dtype)
+    kind = family(like, name)
     if kind == "torch":
-        torch = importlib.import_module("torch")
-        return torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
+        return like.new_empty(tuple(shape), dtype=_torch_dtype(dtype))
     if kind == "cupy":
         cupy = importlib.import_module("cupy")
         with cupy.cuda.Device(like.device.id):
@@ -72,5 +81,6 @@ def workspace(like: Any, nbytes: int) -> Any:
     return empty(like, ((nbytes + 7) // 8,), "int64")
 
 
-def shape_of(x: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in x.shape)
+def workspace_allocator(like: Any) -> Any:
+    """The callable the native layer asks for scratch memory (CUDA calls only)."""
+    return lambda nbytes: workspace(like, nbytes)

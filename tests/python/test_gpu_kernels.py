@@ -170,6 +170,54 @@ def test_adamw_graph_capture_reads_scale_and_noop_from_device():
     assert st.steps.cpu().tolist() == (eager_st.steps.cpu()).tolist()
 
 
+def test_adamw_lr_tensor_lets_a_captured_graph_follow_an_lr_schedule():
+    gen = torch.Generator().manual_seed(8)
+    cases = [make_adamw_case(64, 96, 9, torch.bfloat16, True, gen, device=DEV) for _ in range(2)]
+    eager = [(w.clone(), g, s, _clone_state(st)) for w, g, s, st in cases]
+    lr_tensor = torch.zeros(2, device=DEV)
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            ops.adamw_selected_columns_(
+                *(list(x) for x in zip(*cases)),
+                lr=[0.0, 0.0],  # replaced by lr_tensor
+                weight_decay=[0.01, 0.02],
+                lr_tensor=lr_tensor,
+            )
+    for lrs in ([1e-3, 2e-3], [5e-4, 1e-4], [3e-3, 0.0]):
+        lr_tensor.copy_(torch.tensor(lrs))
+        graph.replay()
+        # The eager twin takes the fp32 value of each lr, which is what the kernel reads.
+        ops.adamw_selected_columns_(
+            *(list(x) for x in zip(*eager)),
+            lr=[float(torch.tensor(v, dtype=torch.float32)) for v in lrs],
+            weight_decay=[0.01, 0.02],
+        )
+    torch.cuda.synchronize()
+    for (w, _, _, st), (ew, _, _, est) in zip(cases, eager):
+        assert torch.equal(w, ew) and torch.equal(st.master, est.master)
+        assert torch.equal(st.steps, est.steps)
+
+
+def test_adamw_device_step_counts_negative_and_int32_max():
+    """Documented device behaviour (zenflow/optim.h): the host does not read the counts on
+    CUDA; a negative count is treated as 0 and a count at INT32_MAX stays there."""
+    w, g = torch.randn(4, 8, device=DEV), torch.randn(4, 8, device=DEV)
+    st = ops.ColumnState(
+        None,
+        torch.zeros(4, 3, device=DEV),
+        torch.zeros(4, 3, device=DEV),
+        torch.tensor([-5, 2**31 - 1, 0], dtype=torch.int32, device=DEV),
+    )
+    sel = torch.tensor([1, 4, 6], dtype=torch.int32, device=DEV)
+    ops.adamw_selected_columns_([w], [g], [sel], [st], lr=1e-3)
+    torch.cuda.synchronize()
+    assert st.steps.cpu().tolist() == [1, 2**31 - 1, 1]
+    assert torch.isfinite(w).all()
+
+
 def test_adamw_skips_minus_one_indices():
     w, g = torch.randn(8, 16, device=DEV), torch.randn(8, 16, device=DEV)
     st = ops.ColumnState(

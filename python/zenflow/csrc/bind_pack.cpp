@@ -1,95 +1,135 @@
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <string>
 #include <vector>
 
 #include "bindings.hpp"
-#include "column_state_args.hpp"
 #include "tensor_convert.hpp"
 
 namespace zf_py {
 
 namespace {
-std::vector<TensorArg> optional_list(const py::object& obj, const std::string& name, intptr_t stream) {
-  if (obj.is_none()) return {};
-  return to_tensor_list(obj, name, Access::kRead, stream);
+
+// The [rows, cols] view the pack ops take of a matrix (pack.h): 1-D [n] reads as [1, n],
+// more dimensions as [shape[0], rest].
+void matrix_view(const zf_tensor& t, int64_t& rows, int64_t& cols) {
+  if (t.ndim == 0) {
+    rows = cols = 1;
+  } else if (t.ndim == 1) {
+    rows = 1;
+    cols = t.shape[0];
+  } else {
+    rows = t.shape[0];
+    cols = 1;
+    for (int d = 1; d < t.ndim; ++d) cols *= t.shape[d];
+  }
 }
+
+// zf_packed_layout of the given sizes: count + 1 offsets, the last one the total.
+std::vector<int64_t> packed_layout(const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                                   const std::vector<int64_t>& ks) {
+  std::vector<int64_t> offsets(rows.size() + 1);
+  zf_status status;
+  {
+    py::gil_scoped_release release;
+    status = zf_packed_layout(rows.data(), cols.data(), ks.data(), rows.size(), offsets.data());
+  }
+  check(status);
+  return offsets;
+}
+
 }  // namespace
 
-// pack_columns / scatter_columns / exchange_selected_columns: see zenflow/pack.h.
+// packed_layout / pack_columns / scatter_columns / exchange_selected_columns: see zenflow/pack.h.
 void register_pack(py::module_& m) {
   m.def(
-      "pack_columns",
-      [](const py::sequence& grads, const py::object& selected, const py::object& packed, const py::object& scale,
-         intptr_t stream) {
-        const auto grad_args = to_tensor_list(grads, "grads", Access::kRead, stream);
-        const auto selected_args = optional_list(selected, "selected", stream);
-        if (!selected.is_none() && selected_args.size() != grad_args.size())
-          throw py::value_error("selected: length differs from grads");
-        const TensorArg packed_arg = to_tensor(packed, "packed", Access::kWrite, stream);
-        TensorArg scale_arg;
-        if (!scale.is_none()) scale_arg = to_tensor(scale, "scale", Access::kRead, stream);
-        const auto grad_desc = descriptors(grad_args), selected_desc = descriptors(selected_args);
-        zf_status status;
-        {
-          py::gil_scoped_release release;
-          status = zf_pack_columns(grad_desc.data(), selected.is_none() ? nullptr : selected_desc.data(),
-                                   grad_desc.size(), &packed_arg.tensor, scale.is_none() ? nullptr : &scale_arg.tensor,
-                                   reinterpret_cast<zf_stream>(stream));
-        }
-        check(status);
+      "packed_layout",
+      [](const std::vector<int64_t>& rows, const std::vector<int64_t>& cols, const std::vector<int64_t>& ks) {
+        require_length(rows.size(), cols.size(), "cols", "matrices");
+        require_length(rows.size(), ks.size(), "ks", "matrices");
+        return packed_layout(rows, cols, ks);
       },
-      py::arg("grads"), py::arg("selected"), py::arg("packed"), py::arg("scale") = py::none(), py::arg("stream") = 0);
+      py::arg("rows"), py::arg("cols"), py::arg("ks"));
+
+  // packed: the output buffer, or None to have `allocate(total_elements)` create it (the size
+  // comes from the packed layout of the converted matrices). Returns the buffer.
+  m.def(
+      "pack_columns",
+      [](const py::object& grads, const py::object& selected, py::object packed, const py::object& allocate,
+         const py::object& scale, intptr_t stream) {
+        Converter conv(stream);
+        const auto grad_desc = conv.list(grads, "grads", Access::kRead);
+        const auto selected_desc = conv.optional_list(selected, "selected", Access::kRead);
+        if (!selected.is_none()) require_length(grad_desc.size(), selected_desc.size(), "selected", "matrices");
+        if (packed.is_none()) {
+          std::vector<int64_t> rows(grad_desc.size()), cols(grad_desc.size()), ks(grad_desc.size(), 0);
+          for (size_t i = 0; i < grad_desc.size(); ++i) {
+            matrix_view(grad_desc[i], rows[i], cols[i]);
+            if (!selected_desc.empty()) {
+              const zf_tensor& sel = selected_desc[i];
+              ks[i] = sel.ndim == 1 ? sel.shape[0] : 0;  // a bad shape is reported by the C call
+            }
+          }
+          packed = allocate(packed_layout(rows, cols, ks).back());
+        }
+        const zf_tensor packed_desc = conv.tensor(packed, ArgName{"packed"}, Access::kWrite);
+        zf_tensor scale_desc{};
+        if (!scale.is_none()) scale_desc = conv.tensor(scale, ArgName{"scale"}, Access::kRead);
+        conv.run([&] {
+          return zf_pack_columns(grad_desc.data(), selected.is_none() ? nullptr : selected_desc.data(),
+                                 grad_desc.size(), &packed_desc, scale.is_none() ? nullptr : &scale_desc,
+                                 reinterpret_cast<zf_stream>(stream));
+        });
+        return packed;
+      },
+      py::arg("grads"), py::arg("selected"), py::arg("packed"), py::arg("allocate") = py::none(),
+      py::arg("scale") = py::none(), py::arg("stream") = 0);
 
   m.def(
       "scatter_columns",
-      [](const py::object& packed, const py::sequence& params, const py::object& selected, intptr_t stream) {
-        const TensorArg packed_arg = to_tensor(packed, "packed", Access::kRead, stream);
-        const auto param_args = to_tensor_list(params, "params", Access::kWrite, stream);
-        const auto selected_args = optional_list(selected, "selected", stream);
-        if (!selected.is_none() && selected_args.size() != param_args.size())
-          throw py::value_error("selected: length differs from params");
-        const auto param_desc = descriptors(param_args), selected_desc = descriptors(selected_args);
-        zf_status status;
-        {
-          py::gil_scoped_release release;
-          status = zf_scatter_columns(&packed_arg.tensor, param_desc.data(),
-                                      selected.is_none() ? nullptr : selected_desc.data(), param_desc.size(),
-                                      reinterpret_cast<zf_stream>(stream));
-        }
-        check(status);
+      [](const py::object& packed, const py::object& params, const py::object& selected, intptr_t stream) {
+        Converter conv(stream);
+        const zf_tensor packed_desc = conv.tensor(packed, ArgName{"packed"}, Access::kRead);
+        const auto param_desc = conv.list(params, "params", Access::kWrite);
+        const auto selected_desc = conv.optional_list(selected, "selected", Access::kRead);
+        if (!selected.is_none()) require_length(param_desc.size(), selected_desc.size(), "selected", "params");
+        conv.run([&] {
+          return zf_scatter_columns(&packed_desc, param_desc.data(),
+                                    selected.is_none() ? nullptr : selected_desc.data(), param_desc.size(),
+                                    reinterpret_cast<zf_stream>(stream));
+        });
       },
       py::arg("packed"), py::arg("params"), py::arg("selected"), py::arg("stream") = 0);
 
   m.def(
       "exchange_selected_columns",
-      [](const py::sequence& old_selected, const py::sequence& new_selected, const py::sequence& old_state,
-         const py::sequence& new_state, const py::sequence& entering, const py::sequence& leaving,
-         const py::object& workspace, bool query, intptr_t stream) {
-        const auto old_args = to_tensor_list(old_selected, "old_selected", Access::kRead, stream);
-        const auto new_args = to_tensor_list(new_selected, "new_selected", Access::kRead, stream);
-        const StateArgs old_s = to_state_list(old_state, "old_state", Access::kRead, stream);
-        const StateArgs new_s = to_state_list(new_state, "new_state", Access::kWrite, stream);
-        const StateArgs in_s = to_state_list(entering, "entering", Access::kRead, stream);
-        const StateArgs out_s = to_state_list(leaving, "leaving", Access::kWrite, stream);
-        const size_t count = old_args.size();
-        if (new_args.size() != count || old_s.states.size() != count || new_s.states.size() != count ||
-            in_s.states.size() != count || out_s.states.size() != count) {
-          throw py::value_error("exchange_selected_columns: argument lists differ in length");
-        }
-        Workspace ws = to_workspace(workspace, query, stream);
-        const auto old_desc = descriptors(old_args), new_desc = descriptors(new_args);
-        zf_status status;
-        {
-          py::gil_scoped_release release;
-          status = zf_exchange_selected_columns(old_desc.data(), new_desc.data(), old_s.states.data(),
-                                                new_s.states.data(), in_s.states.data(), out_s.states.data(), count,
-                                                ws.c_data(), ws.c_bytes(), reinterpret_cast<zf_stream>(stream));
-        }
-        check(status);
-        return query ? ws.bytes : size_t{0};
+      [](const py::object& old_selected, const py::object& new_selected, const py::object& old_state,
+         const py::object& new_state, const py::object& entering, const py::object& leaving, const py::object& allocate,
+         intptr_t stream) {
+        Converter conv(stream);
+        const auto old_desc = conv.list(old_selected, "old_selected", Access::kRead);
+        const auto new_desc = conv.list(new_selected, "new_selected", Access::kRead);
+        const auto old_s = conv.states(old_state, "old_state", Access::kRead);
+        const auto new_s = conv.states(new_state, "new_state", Access::kWrite);
+        const auto in_s = conv.states(entering, "entering", Access::kRead);
+        const auto out_s = conv.states(leaving, "leaving", Access::kWrite);
+        const size_t count = old_desc.size();
+        require_length(count, new_desc.size(), "new_selected", "matrices");
+        require_length(count, old_s.size(), "old_state", "matrices");
+        require_length(count, new_s.size(), "new_state", "matrices");
+        require_length(count, in_s.size(), "entering", "matrices");
+        require_length(count, out_s.size(), "leaving", "matrices");
+        if (count == 0) return size_t{0};
+        return run_with_workspace(conv, old_desc[0].device.type == ZF_DEVICE_CUDA, allocate,
+                                  [&](void* ws, size_t* bytes) {
+                                    return zf_exchange_selected_columns(old_desc.data(), new_desc.data(), old_s.data(),
+                                                                        new_s.data(), in_s.data(), out_s.data(), count,
+                                                                        ws, bytes, reinterpret_cast<zf_stream>(stream));
+                                  });
       },
       py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"), py::arg("entering"),
-      py::arg("leaving"), py::arg("workspace") = py::none(), py::arg("query") = false, py::arg("stream") = 0);
+      py::arg("leaving"), py::arg("allocate") = py::none(), py::arg("stream") = 0);
 }
 
 }  // namespace zf_py

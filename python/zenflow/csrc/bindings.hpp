@@ -1,4 +1,5 @@
-// One registration function per op family; module.cpp calls them all.
+// One registration function per op family (one file per public header); module.cpp calls
+// them all.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -8,5 +9,5 @@ void register_norms(pybind11::module_& m);
 void register_topk(pybind11::module_& m);
 void register_optim(pybind11::module_& m);
 void register_pack(pybind11::module_& m);
-void register_cpu_adam(pybind11::module_& m);
+void register_cpu_adamw(pybind11::module_& m);
 }  // namespace zf_py

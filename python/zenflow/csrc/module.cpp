@@ -11,6 +11,7 @@ static void register_runtime(py::module_& m) {
   m.def("version", [] { return std::string(zf_version()); });
   m.def("simd_level_supported", [] { return std::string(zf_simd_level_name(zf_simd_level_supported())); });
   m.def("simd_level_active", [] { return std::string(zf_simd_level_name(zf_simd_level_active())); });
+  m.def("simd_environment_warning", [] { return std::string(zf_simd_environment_warning()); });
   m.def(
       "set_simd_level",
       [](const std::string& level) {
@@ -27,7 +28,13 @@ static void register_runtime(py::module_& m) {
   m.def(
       "set_num_threads",
       [](int num_threads, const std::vector<int>& cores) {
-        check(zf_set_num_threads(num_threads, cores.empty() ? nullptr : cores.data(), static_cast<int>(cores.size())));
+        zf_status status;
+        {
+          py::gil_scoped_release release;  // waits for kernels running on the old pool
+          status =
+              zf_set_num_threads(num_threads, cores.empty() ? nullptr : cores.data(), static_cast<int>(cores.size()));
+        }
+        check(status);
       },
       py::arg("num_threads"), py::arg("cores") = std::vector<int>{});
   m.def("host_cpu_count", [] { return zf_host_cpu_count(); });
@@ -53,5 +60,5 @@ PYBIND11_MODULE(_C, m) {
   zf_py::register_topk(m);
   zf_py::register_optim(m);
   zf_py::register_pack(m);
-  zf_py::register_cpu_adam(m);
+  zf_py::register_cpu_adamw(m);
 }

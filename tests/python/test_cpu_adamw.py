@@ -1,4 +1,4 @@
-"""The host optimizer: zenflow.ops.cpu_* against torch.optim.AdamW / Adam and a float64
+"""The host optimizer: zenflow.ops.cpu_* (zenflow/cpu_adamw.h) against torch.optim.AdamW / Adam and a float64
 reference over 20 steps (every dtype combination, both modes, awkward sizes, every SIMD
 level); zenflow.CPUAdamW as a drop-in; skipped columns; the accumulator; bad input."""
 
@@ -266,19 +266,19 @@ def test_skip_columns_untouched_and_unselected_updated(packed, simd_level):
     unselected = torch.tensor([j for j in range(n) if j not in set(selected.tolist())])
     param, exp_avg, exp_avg_sq = column_major(n, m, 1)
     exp_avg_sq.abs_()
+    # The packed form is the 1-D buffer of pack_columns: the unselected columns in order.
     grad = torch.randn(len(unselected) if packed else n, m).to(torch.bfloat16)
-    out = torch.full(grad.shape, 7.0, dtype=torch.bfloat16)
+    out = torch.full((len(unselected) * m,), 7.0, dtype=torch.bfloat16)
     before = [t.clone() for t in (param, exp_avg, exp_avg_sq, grad)]
-    counts = torch.full((n,), 4, dtype=torch.int64)
+    counts = torch.full((n,), 4, dtype=torch.int32)
+    state = ops.ColumnState(param, exp_avg, exp_avg_sq, counts)
     ops.cpu_adamw_step_skip_columns(
-        param,
-        exp_avg,
-        exp_avg_sq,
-        grad,
-        selected=selected,
-        column_steps=counts,
+        [state],
+        [selected],
+        grads=None if packed else [grad],
+        packed_grads=grad.view(-1) if packed else None,
+        packed_out=out,
         increment_steps=True,
-        out_params=out,
         zero_grad=True,
         **HYPER,
     )
@@ -291,18 +291,34 @@ def test_skip_columns_untouched_and_unselected_updated(packed, simd_level):
     g = before[3] if packed else before[3][unselected]
     ops.cpu_adamw_step(p, mm, v, g.contiguous(), step=5, **HYPER)
     assert torch.equal(param[unselected], p) and torch.equal(exp_avg[unselected], mm)
-    assert torch.equal(counts[selected.long()], torch.full((len(selected),), 4))
-    assert torch.equal(counts[unselected], torch.full((len(unselected),), 5))
+    assert torch.equal(counts[selected.long()], torch.full((len(selected),), 4, dtype=torch.int32))
+    assert torch.equal(counts[unselected], torch.full((len(unselected),), 5, dtype=torch.int32))
+    assert torch.equal(out, p.to(torch.bfloat16).view(-1)), "upload copy is not the new weights"
     if packed:
-        assert torch.equal(grad, torch.zeros_like(grad)) and torch.equal(out, p.to(torch.bfloat16))
+        assert torch.equal(grad, torch.zeros_like(grad))
     else:
         assert torch.equal(grad[selected.long()], before[3][selected.long()]), (
             "selected gradient was zeroed"
         )
         assert torch.equal(grad[unselected], torch.zeros_like(grad[unselected]))
-        assert torch.equal(
-            out[selected.long()], torch.full((len(selected), m), 7.0, dtype=torch.bfloat16)
-        )
+
+
+def test_skip_columns_without_increment_uses_counts_as_given():
+    n, m = 9, 5
+    param, exp_avg, exp_avg_sq = column_major(n, m, 2)
+    exp_avg_sq.abs_()
+    counts = torch.arange(1, n + 1, dtype=torch.int32)
+    grad = torch.randn(n, m)
+    expected = [t.clone() for t in (param, exp_avg, exp_avg_sq)]
+    for j in range(n):
+        cols = [t[j].clone() for t in expected]
+        ops.cpu_adamw_step(*cols, grad[j].clone(), step=j + 1, **HYPER)
+        for t, c in zip(expected, cols):
+            t[j] = c
+    state = ops.ColumnState(param, exp_avg, exp_avg_sq, counts)
+    ops.cpu_adamw_step_skip_columns([state], None, grads=[grad], **HYPER)
+    assert torch.equal(param, expected[0]) and torch.equal(exp_avg_sq, expected[2])
+    assert counts.tolist() == list(range(1, n + 1))
 
 
 def test_accumulator_zeroed_exactly_when_asked():
@@ -328,13 +344,56 @@ def test_accumulate_matches_torch_add(dtype, simd_level):
 
     n, m = 50, 33
     acc2 = torch.randn(n, m)
-    selected = torch.tensor([1, 2, 30, 49])
+    selected = torch.tensor([1, 2, 30, 49], dtype=torch.int32)
     unselected = torch.tensor([j for j in range(n) if j not in (1, 2, 30, 49)])
     packed = torch.randn(len(unselected), m).to(dtype)
     expected2 = acc2.clone()
     expected2[unselected] += 2.0 * packed.float()
-    ops.cpu_accumulate(acc2, packed, scale=2.0, selected=selected)
+    ops.cpu_accumulate(acc2, packed.view(-1), scale=2.0, selected=selected)
     assert torch.equal(acc2, expected2)
+
+
+def test_accumulate_consumes_the_pack_columns_buffer():
+    """End to end on the one packed layout: pack_columns on row-major gradients, then
+    cpu_accumulate into host-layout (column-major) accumulators."""
+    gen = torch.Generator().manual_seed(8)
+    shapes = [(7, 13, 3), (1, 5, 0), (4, 9, 9), (33, 17, 4)]
+    grads = [torch.randn(m, n, generator=gen).bfloat16() for m, n, _ in shapes]
+    selected = [torch.sort(torch.randperm(n, generator=gen)[:k]).values.int() for _, n, k in shapes]
+    accs = [torch.randn(n, m, generator=gen) for m, n, _ in shapes]
+    expected = [a.clone() for a in accs]
+    for e, g, sel in zip(expected, grads, selected):
+        rest = [j for j in range(g.shape[1]) if j not in set(sel.tolist())]
+        e[rest] += 0.5 * g.float().t()[rest]
+    packed = ops.pack_columns(grads, selected)
+    ops.cpu_accumulate(accs, packed, scale=0.5, selected=selected)
+    for a, e in zip(accs, expected):
+        assert torch.equal(a, e)
+
+
+def test_gather_scatter_round_trip_is_lossless():
+    gen = torch.Generator().manual_seed(12)
+    n, m = 23, 6
+    host = ops.ColumnState(
+        torch.randn(n, m, generator=gen),
+        torch.randn(n, m, generator=gen),
+        torch.rand(n, m, generator=gen),
+        torch.randint(0, 50, (n,), generator=gen, dtype=torch.int32),
+    )
+    cols = torch.tensor([0, 4, 5, 22], dtype=torch.int32)
+    out = ops.ColumnState(
+        *(torch.full((4, m), float("nan")) for _ in range(3)),
+        torch.full((4,), -1, dtype=torch.int32),
+    )
+    ops.cpu_gather_columns([host], [cols], [out])
+    for got, full in zip(out, host):
+        assert torch.equal(got, full[cols.long()])
+    before = [t.clone() for t in host]
+    for t in host:
+        t[cols.long()] = 0
+    ops.cpu_scatter_columns([out], [cols], [host])
+    for got, want in zip(host, before):
+        assert torch.equal(got, want)
 
 
 # ---- bad input: ValueError/TypeError naming the argument, nothing written ----
@@ -396,22 +455,67 @@ def test_bad_buffers():
     [
         ([3, 1], "strictly increasing"),
         ([2, 2], "strictly increasing"),
-        ([0, 8], "out of range"),
-        ([-1], "out of range"),
+        ([0, 8], "outside"),
+        ([-1], "outside"),
     ],
 )
 def test_bad_selected_indices(selected, match):
     tensors = [t.view(8, 8) for t in fresh()]
+    steps = torch.ones(8, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
         ops.cpu_adamw_step_skip_columns(
-            *tensors,
-            selected=torch.tensor(selected, dtype=torch.int32),
-            step=1,
+            [ops.ColumnState(tensors[0], tensors[1], tensors[2], steps)],
+            [torch.tensor(selected, dtype=torch.int32)],
+            grads=[tensors[3]],
             lr=1e-3,
             zero_grad=True,
         )
     assert_untouched(tensors)
-    acc, block = torch.full((8, 8), 1.0), torch.full((8 - len(selected), 8), 2.0)
+    assert steps.tolist() == [1] * 8
+    acc, block = torch.full((8, 8), 1.0), torch.full(((8 - len(selected)) * 8,), 2.0)
     with pytest.raises(ValueError, match=match):
-        ops.cpu_accumulate(acc, block, selected=torch.tensor(selected))
+        ops.cpu_accumulate(acc, block, selected=torch.tensor(selected, dtype=torch.int32))
     assert torch.equal(acc, torch.full((8, 8), 1.0))
+
+
+def test_openmp_pause_leaves_torch_working():
+    from zenflow import _omp
+
+    a = torch.randn(1 << 20)
+    expected = a.double() * 3
+    assert isinstance(_omp.pause_openmp_workers(), bool)
+    torch.testing.assert_close((a * 3).double(), expected)  # torch's workers start again
+    _omp.set_enabled(False)
+    try:
+        assert _omp.pause_openmp_workers() is False
+    finally:
+        _omp.set_enabled(True)
+
+
+def test_large_step_with_openmp_pause_matches_torch(monkeypatch):
+    import zenflow.cpu_adamw as module
+
+    monkeypatch.setattr(module, "_PAUSE_OPENMP_MIN_ELEMENTS", 1)
+    ours_params, ref_params = make_model(), make_model()
+    ours = zenflow.CPUAdamW(ours_params, lr=1e-2)
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, foreach=False)
+    for t in range(3):
+        set_grads(ours_params, t)
+        set_grads(ref_params, t)
+        ours.step()
+        ref.step()
+    for a, b in zip(ours_params, ref_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_step_counts_of_any_tensor_kind_are_incremented():
+    params = make_model()
+    opt = zenflow.CPUAdamW(params, lr=1e-2)
+    set_grads(params, 0)
+    opt.step()
+    opt.state[params[0]]["step"] = torch.tensor(1.0, dtype=torch.float64)  # not fp32
+    versions = [opt.state[p]["step"]._version for p in params[1:]]
+    set_grads(params, 1)
+    opt.step()
+    assert [float(opt.state[p]["step"]) for p in params] == [2.0] * len(params)
+    assert all(opt.state[p]["step"]._version > v for p, v in zip(params[1:], versions))

@@ -13,8 +13,16 @@ fastest torch sequence doing the same work (several are tried; all are reported)
 Effective GB/s counts the bytes each operation must move: 28 per element for an fp32 step
 (read p, m, v, g; write p, m, v), and the real count elsewhere (stated in each table).
 
-    python benchmarks/bench_cpu_adam.py                      # 1M, 16M, 128M; 1 and 2 threads
-    python benchmarks/bench_cpu_adam.py --sizes 1e6 --threads 1 --no-write
+    python benchmarks/bench_cpu_adamw.py                      # 1M, 16M, 128M; 1 and 2 threads
+    python benchmarks/bench_cpu_adamw.py --sizes 1e6 --threads 1 --no-write
+
+--defaults: the drop-in question instead (issue 7, item 10): zenflow.CPUAdamW at its
+defaults against torch.optim.AdamW(fused=True), fp32 and bf16 parameters, with nothing set:
+no environment variable (OMP_WAIT_POLICY stays unset), no thread count; interleaved in one
+process. CPUAdamW is also run with its OpenMP pause forced on and off, each variant in its own
+interleaved pair with fused AdamW, to show what the pause buys.
+
+    python benchmarks/bench_cpu_adamw.py --defaults           # writes *-cpu-adamw-defaults.md
 """
 
 from __future__ import annotations
@@ -37,7 +45,10 @@ from pathlib import Path
 # OpenMP workers spin after each parallel region by default, which would steal the cores
 # from whichever peer runs next in the interleaved loop; passive waiting keeps every peer's
 # measurement its own. Must be set before the OpenMP runtimes load (before `import torch`).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# --defaults measures the out-of-the-box behaviour, so it sets nothing.
+DEFAULTS_MODE = "--defaults" in sys.argv[1:]
+if not DEFAULTS_MODE:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
@@ -311,17 +322,14 @@ def bench_skip_columns(n_elements: int, threads: int) -> list:
 
     p_z, m_z, v_z = (t.view(cols, rows) for t in fp32_state(n, 7))
     selected_i32 = selected.to(torch.int32)
-    step_z = [0]
+    state_z = ops.ColumnState(p_z, m_z, v_z, torch.zeros(cols, dtype=torch.int32))
 
     def zenflow_skip():
-        step_z[0] += 1
         ops.cpu_adamw_step_skip_columns(
-            p_z,
-            m_z,
-            v_z,
-            grad,
-            selected=selected_i32,
-            step=step_z[0],
+            [state_z],
+            [selected_i32],
+            grads=[grad],
+            increment_steps=True,
             lr=LR,
             betas=BETAS,
             eps=EPS,
@@ -412,6 +420,113 @@ def ratio_rows(case: str, n: int, threads: int, medians: dict, nbytes: float) ->
     ]
 
 
+# ---- --defaults: the drop-in at its defaults, nothing set ----
+
+
+def _model(shapes: list, dtype: torch.dtype, seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    params = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.randn(shape, generator=gen).to(dtype))
+        p.grad = torch.randn(shape, generator=gen).to(dtype)
+        params.append(p)
+    return params
+
+
+def bench_defaults(cases: list, dtypes: list, reps: int) -> list:
+    """CPUAdamW() against AdamW(fused=True), both at their defaults (lr aside), on the same
+    model shapes. Three separate interleaved pairs, each against its own fused run (a pause
+    of torch's OpenMP workers also costs torch's next parallel region, so variants must not
+    share a loop): CPUAdamW as shipped, with the OpenMP pause forced on for every step, and
+    with it off."""
+    import zenflow.cpu_adamw as cpu_adamw_module
+    from zenflow import _omp
+
+    shipped = cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS
+    variants = (
+        ("zenflow.CPUAdamW() as shipped", shipped, True),
+        ("zenflow.CPUAdamW(), OpenMP pause on every step", 0, True),
+        ("zenflow.CPUAdamW(), OpenMP pause off", shipped, False),
+    )
+    rows = []
+    for label, shapes in cases:
+        n = sum(int(torch.Size(s).numel()) for s in shapes)
+        for dtype in dtypes:
+            ours = zenflow.CPUAdamW(_model(shapes, dtype, 1), lr=LR)
+            fused = torch.optim.AdamW(_model(shapes, dtype, 1), lr=LR, fused=True)
+            for name, threshold, enabled in variants:
+                cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = threshold
+                _omp.set_enabled(enabled)
+                try:
+                    medians = interleaved({name: ours.step, "fused": fused.step}, reps)
+                finally:
+                    cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = shipped
+                    _omp.set_enabled(True)
+                rows.append(
+                    {
+                        "case": label,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "n": n,
+                        "impl": name,
+                        "ms": medians[name] * 1e3,
+                        "fused_ms": medians["fused"] * 1e3,
+                        "ratio": medians["fused"] / medians[name],
+                    }
+                )
+            del ours, fused
+            gc.collect()
+    return rows
+
+
+def defaults_markdown(rows: list, reps: int) -> str:
+    out = [
+        f"# zenflow.CPUAdamW at its defaults vs torch.optim.AdamW(fused=True), "
+        f"{datetime.date.today().isoformat()}",
+        "",
+        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adamw.py', *sys.argv[1:]])}`",
+        f"Machine: {cpu_model()}, {zenflow.native().host_cpu_count()} logical CPUs usable, "
+        f"SIMD level {zenflow.simd_level()}; torch {torch.__version__} "
+        f"({torch.get_num_threads()} intra-op threads), zenflow pool {zenflow.get_num_threads()} threads.",
+        "Nothing set: OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, ZENFLOW_SIMD="
+        f"{os.environ.get('ZENFLOW_SIMD', 'unset')}, no set_num_threads call. Each table row "
+        f"is one interleaved pair (A B A B ...), median of {reps} steps. "
+        "'vs fused' = fused AdamW's median / this median (above 1: faster than fused).",
+        "bf16: CPUAdamW keeps an fp32 master, m and v and writes the rounded bf16 weights; "
+        "torch's fused AdamW keeps bf16 m and v (less memory traffic, less precision).",
+        "",
+        "| case | params dtype | elements | zenflow variant | zenflow ms | fused ms (same run) "
+        "| vs fused |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['case']} | {r['dtype']} | {fmt_n(r['n'])} | {r['impl']} | {r['ms']:.2f} | "
+            f"{r['fused_ms']:.2f} | {r['ratio']:.2f}x |"
+        )
+    return "\n".join(out)
+
+
+def defaults_main(args) -> None:
+    cases = [
+        ("1 tensor of 1M", [(1024, 1024)]),
+        ("1 tensor of 16M", [(4096, 4096)]),
+        ("300 tensors (a small model, 19.7M)", [(256, 256)] * 300),
+        ("1 tensor of 64M", [(8192, 8192)]),
+    ]
+    if args.sizes_given:
+        cases = [(f"1 tensor of {fmt_n(n)}", [(n,)]) for n in parse_sizes(args.sizes)]
+    reps = args.reps or 21
+    rows = bench_defaults(cases, [torch.float32, torch.bfloat16], reps)
+    report = defaults_markdown(rows, reps) + "\n"
+    print(report)
+    if not args.no_write:
+        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adamw-defaults.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report)
+        print(f"wrote {path}")
+
+
 # ---- report ----
 
 
@@ -475,7 +590,16 @@ def main() -> None:
     parser.add_argument(
         "--reps", type=int, default=0, help="repetitions per case (default: by size)"
     )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="CPUAdamW at its defaults vs AdamW(fused=True), nothing set (see above)",
+    )
     args = parser.parse_args()
+    args.sizes_given = any(a.startswith("--sizes") for a in sys.argv[1:])
+    if args.defaults:
+        defaults_main(args)
+        return
     if args.reps > 0:
         REPS_OVERRIDE.append(args.reps)
     sizes = parse_sizes(args.sizes)
@@ -515,7 +639,7 @@ def main() -> None:
     header = [
         f"# CPU optimizer benchmark, {datetime.date.today().isoformat()}",
         "",
-        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adam.py', *sys.argv[1:]])}`",
+        f"Command: `{' '.join(['python', 'benchmarks/bench_cpu_adamw.py', *sys.argv[1:]])}`",
         f"Machine: {cpu_model()}, {zenflow.native().host_cpu_count()} logical CPUs, "
         f"SIMD level {zenflow.simd_level()}; torch {torch.__version__}; DeepSpeed: {ds_status}; roof: {roof_status};"
         f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}.",
@@ -527,7 +651,7 @@ def main() -> None:
     ]
     report = "\n".join(header) + "\n" + markdown(rows) + "\n"
     if not args.no_write:
-        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adam.md"
+        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adamw.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report)
         print(f"wrote {path}")

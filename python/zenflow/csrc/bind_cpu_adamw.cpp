@@ -1,0 +1,148 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
+
+#include "bindings.hpp"
+#include "tensor_convert.hpp"
+
+namespace zf_py {
+
+namespace {
+
+const zf_tensor* optional_data(const std::vector<zf_tensor>& list) { return list.empty() ? nullptr : list.data(); }
+
+}  // namespace
+
+// The host optimizer (zenflow/cpu_adamw.h). CPU tensors only; the GIL is released while the
+// pool computes. lr and weight_decay are one double per tensor/matrix; mode is a zf_adam_mode;
+// flags are the ZF_CPU_ADAMW_* bits.
+void register_cpu_adamw(py::module_& m) {
+  m.attr("CPU_ADAMW_ZERO_GRAD") = ZF_CPU_ADAMW_ZERO_GRAD;
+  m.attr("CPU_ADAMW_INCREMENT_STEPS") = ZF_CPU_ADAMW_INCREMENT_STEPS;
+  m.attr("ADAM_MODE_ADAMW") = static_cast<int>(ZF_ADAM_MODE_ADAMW);
+  m.attr("ADAM_MODE_ADAM") = static_cast<int>(ZF_ADAM_MODE_ADAM);
+
+  m.def(
+      "cpu_adamw_step",
+      [](const py::object& params, const py::object& exp_avgs, const py::object& exp_avg_sqs, const py::object& grads,
+         const py::object& out_params, const std::vector<int64_t>& steps, const std::vector<double>& lr,
+         const std::vector<double>& weight_decay, double beta1, double beta2, double eps, int mode, float grad_scale,
+         uint32_t flags) {
+        Converter conv;
+        const auto p = conv.list(params, "params", Access::kWrite);
+        const auto mo = conv.list(exp_avgs, "exp_avgs", Access::kWrite);
+        const auto v = conv.list(exp_avg_sqs, "exp_avg_sqs", Access::kWrite);
+        const auto g =
+            conv.list(grads, "grads", (flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0 ? Access::kWrite : Access::kRead);
+        const auto out = conv.optional_list(out_params, "out_params", Access::kWrite);
+        const size_t count = p.size();
+        require_length(count, mo.size(), "exp_avgs", "params");
+        require_length(count, v.size(), "exp_avg_sqs", "params");
+        require_length(count, g.size(), "grads", "params");
+        if (!out_params.is_none()) require_length(count, out.size(), "out_params", "params");
+        require_length(count, steps.size(), "steps", "params");
+        require_length(count, lr.size(), "lr", "params");
+        require_length(count, weight_decay.size(), "weight_decay", "params");
+        const zf_adam_hparams h{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
+        conv.run([&] {
+          return zf_cpu_adamw_step(p.data(), mo.data(), v.data(), g.data(), out_params.is_none() ? nullptr : out.data(),
+                                   count, steps.data(), lr.data(), weight_decay.data(), &h, grad_scale, flags);
+        });
+      },
+      py::arg("params"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("grads"), py::arg("out_params"),
+      py::arg("steps"), py::arg("lr"), py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+      py::arg("mode"), py::arg("grad_scale"), py::arg("flags"));
+
+  m.def(
+      "cpu_adamw_step_skip_columns",
+      [](const py::object& state, const py::object& selected, const py::object& grads, const py::object& packed_grads,
+         const py::object& packed_out, const std::vector<double>& lr, const std::vector<double>& weight_decay,
+         double beta1, double beta2, double eps, int mode, float grad_scale, uint32_t flags) {
+        Converter conv;
+        const Access grad_access = (flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0 ? Access::kWrite : Access::kRead;
+        const auto states = conv.states(state, "state", Access::kWrite);
+        const size_t count = states.size();
+        const auto sel = conv.optional_list(selected, "selected", Access::kRead);
+        if (!selected.is_none()) require_length(count, sel.size(), "selected", "matrices");
+        const auto g = conv.optional_list(grads, "grads", grad_access);
+        if (!grads.is_none()) require_length(count, g.size(), "grads", "matrices");
+        zf_tensor packed_g{}, packed_o{};
+        if (!packed_grads.is_none()) packed_g = conv.tensor(packed_grads, ArgName{"packed_grads"}, grad_access);
+        if (!packed_out.is_none()) packed_o = conv.tensor(packed_out, ArgName{"packed_out"}, Access::kWrite);
+        require_length(count, lr.size(), "lr", "matrices");
+        require_length(count, weight_decay.size(), "weight_decay", "matrices");
+        const zf_adam_hparams h{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
+        conv.run([&] {
+          return zf_cpu_adamw_step_skip_columns(
+              states.data(), selected.is_none() ? nullptr : sel.data(), count, grads.is_none() ? nullptr : g.data(),
+              packed_grads.is_none() ? nullptr : &packed_g, packed_out.is_none() ? nullptr : &packed_o, lr.data(),
+              weight_decay.data(), &h, grad_scale, flags);
+        });
+      },
+      py::arg("state"), py::arg("selected"), py::arg("grads"), py::arg("packed_grads"), py::arg("packed_out"),
+      py::arg("lr"), py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("mode"),
+      py::arg("grad_scale"), py::arg("flags"));
+
+  // CPUAdamW's step counts: state["step"] is torch's 1-element fp32 tensor per parameter;
+  // one call adds `value` to all of them (torch._foreach_add_ dispatches once per tensor).
+  m.def(
+      "add_to_scalars",
+      [](const py::object& scalars, float value) {
+        Converter conv;
+        const auto s = conv.list(scalars, "scalars", Access::kWrite);
+        for (size_t i = 0; i < s.size(); ++i) {
+          int64_t numel = 1;
+          for (int d = 0; d < s[i].ndim; ++d) numel *= s[i].shape[d];
+          if (s[i].dtype != ZF_DTYPE_F32 || s[i].device.type != ZF_DEVICE_CPU || numel != 1 || s[i].data == nullptr) {
+            throw py::value_error("scalars[" + std::to_string(i) + "]: expected a 1-element float32 CPU tensor");
+          }
+        }
+        for (const zf_tensor& t : s) *static_cast<float*>(t.data) += value;
+        conv.bump_versions();
+      },
+      py::arg("scalars"), py::arg("value"));
+
+  m.def(
+      "cpu_accumulate",
+      [](const py::object& accumulators, const py::object& selected, const py::object& packed, float scale) {
+        Converter conv;
+        const auto acc = conv.list(accumulators, "accumulators", Access::kWrite);
+        const auto sel = conv.optional_list(selected, "selected", Access::kRead);
+        if (!selected.is_none()) require_length(acc.size(), sel.size(), "selected", "accumulators");
+        const zf_tensor packed_desc = conv.tensor(packed, ArgName{"packed"}, Access::kRead);
+        conv.run([&] {
+          return zf_cpu_accumulate(acc.data(), selected.is_none() ? nullptr : sel.data(), acc.size(), &packed_desc,
+                                   scale);
+        });
+      },
+      py::arg("accumulators"), py::arg("selected"), py::arg("packed"), py::arg("scale"));
+
+  m.def(
+      "cpu_gather_columns",
+      [](const py::object& host, const py::object& columns, const py::object& out) {
+        Converter conv;
+        const auto host_s = conv.states(host, "host", Access::kRead);
+        const auto cols = conv.list(columns, "columns", Access::kRead);
+        const auto out_s = conv.states(out, "out", Access::kWrite);
+        require_length(host_s.size(), cols.size(), "columns", "matrices");
+        require_length(host_s.size(), out_s.size(), "out", "matrices");
+        conv.run([&] { return zf_cpu_gather_columns(host_s.data(), cols.data(), host_s.size(), out_s.data()); });
+      },
+      py::arg("host"), py::arg("columns"), py::arg("out"));
+
+  m.def(
+      "cpu_scatter_columns",
+      [](const py::object& in, const py::object& columns, const py::object& host) {
+        Converter conv;
+        const auto in_s = conv.states(in, "columns_state", Access::kRead);
+        const auto cols = conv.list(columns, "columns", Access::kRead);
+        const auto host_s = conv.states(host, "host", Access::kWrite);
+        require_length(host_s.size(), cols.size(), "columns", "matrices");
+        require_length(host_s.size(), in_s.size(), "columns_state", "matrices");
+        conv.run([&] { return zf_cpu_scatter_columns(in_s.data(), cols.data(), host_s.size(), host_s.data()); });
+      },
+      py::arg("columns_state"), py::arg("columns"), py::arg("host"));
+}
+
+}  // namespace zf_py
