@@ -149,3 +149,17 @@ ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffer
 }
 
 }  // extern "C"
+
+#include "engine/testing.hpp"
+
+namespace zf {
+namespace testing {
+
+void inject_host_lane_fault(zf_engine* engine, const char* message) {
+  engine->engine.inject_host_lane_fault_for_testing(message);
+}
+int compute_lane_threads(const zf_engine* engine) { return engine->engine.compute_threads(); }
+int host_lane_threads(const zf_engine* engine) { return engine->engine.host_threads(); }
+
+}  // namespace testing
+}  // namespace zf
