@@ -90,10 +90,10 @@ TEST(EngineSchedule, ForcedSelectionHappensAtTheNextStep) {
 
 TEST(EngineSchedule, AutoRuleMatrixDue) {
   // E_sel = sel / (k * steps), E_def = def / (n - k)
-  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 4.0, 2, 6}, 1));  // 5 vs 1
-  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 20.0, 2, 6}, 1));  // 5 vs 5
-  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 3.9, 2, 6}, 2));  // 2.5 vs 0.975
-  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 10.0, 2, 6}, 2));  // 2.5 vs 2.5: due (>=)
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 4.0, 2, 6}, 1));    // 5 vs 1
+  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 20.0, 2, 6}, 1));    // 5 vs 5
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 3.9, 2, 6}, 2));    // 2.5 vs 0.975
+  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 10.0, 2, 6}, 2));    // 2.5 vs 2.5: due (>=)
   EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 100.0, 0, 6}, 2));  // k = 0: not counted
   EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 100.0, 6, 6}, 2));  // k = n: not counted
 }

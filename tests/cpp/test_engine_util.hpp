@@ -259,7 +259,8 @@ class Reference {
   void select(P& p, const HostTensor& grad) {
     std::vector<double> c(static_cast<size_t>(p.cols), 0.0);
     for (int64_t r = 0; r < p.rows; ++r)
-      for (int64_t j = 0; j < p.cols; ++j) c[static_cast<size_t>(j)] += grad.get(r * p.cols + j) * grad.get(r * p.cols + j);
+      for (int64_t j = 0; j < p.cols; ++j)
+        c[static_cast<size_t>(j)] += grad.get(r * p.cols + j) * grad.get(r * p.cols + j);
     std::vector<int32_t> order(static_cast<size_t>(p.cols));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return c[a] > c[b]; });

@@ -45,9 +45,9 @@ extern "C" {
 typedef struct zf_engine zf_engine; /* opaque */
 
 typedef enum zf_select_strategy {
-  ZF_SELECT_AUTO = 0,  /* once per epoch (steps_per_epoch > 0), else once at window 1 */
-  ZF_SELECT_STEP = 1,  /* every select_interval steps, rounded up to whole windows */
-  ZF_SELECT_EPOCH = 2  /* every select_interval * steps_per_epoch steps */
+  ZF_SELECT_AUTO = 0, /* once per epoch (steps_per_epoch > 0), else once at window 1 */
+  ZF_SELECT_STEP = 1, /* every select_interval steps, rounded up to whole windows */
+  ZF_SELECT_EPOCH = 2 /* every select_interval * steps_per_epoch steps */
 } zf_select_strategy;
 
 typedef enum zf_selection_score {
@@ -162,7 +162,8 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine);
  * lane is idle. The window grid is not reset. */
 ZF_API zf_status zf_engine_flush(zf_engine* engine);
 
-/* Counters since creation (or the last load, for the step counters). Seconds are wall-clock. */
+/* Counters since creation; steps and skipped_steps are part of the checkpoint and follow a
+ * load. Seconds are wall-clock. */
 typedef struct zf_engine_stats {
   int64_t steps;         /* steps taken (skipped steps excluded) */
   int64_t windows;       /* host updates run after warm-up (window closes and flushes) */
@@ -178,7 +179,7 @@ typedef struct zf_engine_stats {
   int64_t bytes_up;                   /* uploaded deferred weight bytes (parameter dtype) */
   double selected_fraction;           /* sum k / sum n over matrices (current selection) */
   int64_t device_state_bytes;         /* compact selected state + dense state */
-  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy, staging */
+  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring */
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);
@@ -223,11 +224,11 @@ typedef struct zf_engine_state_entry {
 
 /* The schedule counters' positions in the counters array. */
 enum {
-  ZF_COUNTER_STEP = 0,             /* steps taken */
-  ZF_COUNTER_WINDOW = 1,           /* windows started after warm-up */
-  ZF_COUNTER_WINDOW_STEPS = 2,     /* steps of the open window so far */
-  ZF_COUNTER_SINCE_SELECTION = 3,  /* steps since the last selection (inclusive) */
-  ZF_COUNTER_SELECTIONS = 4,       /* selections made */
+  ZF_COUNTER_STEP = 0,            /* steps taken */
+  ZF_COUNTER_WINDOW = 1,          /* windows started after warm-up */
+  ZF_COUNTER_WINDOW_STEPS = 2,    /* steps of the open window so far */
+  ZF_COUNTER_SINCE_SELECTION = 3, /* steps since the last selection (inclusive) */
+  ZF_COUNTER_SELECTIONS = 4,      /* selections made */
   ZF_COUNTER_HAS_PREVIOUS_WINDOW = 5,
   ZF_COUNTER_GROWTH_TRACKER = 6, /* consecutive good steps of the loss scaler */
   ZF_COUNTER_SKIPPED = 7,        /* skipped steps */

@@ -342,7 +342,9 @@ class Engine {
     check(zf_engine_device_memory_size(engine_, &bytes));
     return bytes;
   }
-  void attach_device_memory(void* memory, size_t bytes) { check(zf_engine_attach_device_memory(engine_, memory, bytes)); }
+  void attach_device_memory(void* memory, size_t bytes) {
+    check(zf_engine_attach_device_memory(engine_, memory, bytes));
+  }
 
   // lrs empty: each group's own lr.
   void step(const std::vector<zf_tensor>& grads, const std::vector<double>& lrs = {}) {

@@ -82,8 +82,8 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "save_state: a split step is open");
   require(counters != nullptr && loss_scale != nullptr, ZF_ERROR_INVALID_VALUE, "counters, loss_scale: NULL");
   const std::vector<zf_engine_state_entry> layout = state_layout();
-  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers for a state of ",
-          layout.size(), " entries");
+  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers for a state of ", layout.size(),
+          " entries");
   require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
   for (size_t e = 0; e < count; ++e) {
     const ArgName name("buffers", e);
@@ -128,8 +128,8 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
     for (int64_t c = 0; c < k; ++c) {  // the selected columns live in the compact state [rows, k]
       const int64_t j = m.selected[c];
       for (int64_t r = 0; r < rows; ++r) {
-        master[r * cols + j] = m.has_master ? device_float(m.dev_master)[r * k + c]
-                                            : widen(p.tensor.data, p.tensor.dtype, r * cols + j);
+        master[r * cols + j] =
+            m.has_master ? device_float(m.dev_master)[r * k + c] : widen(p.tensor.data, p.tensor.dtype, r * cols + j);
         exp_avg[r * cols + j] = device_float(m.dev_exp_avg)[r * k + c];
         exp_avg_sq[r * cols + j] = device_float(m.dev_exp_avg_sq)[r * k + c];
       }
@@ -150,8 +150,8 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "load_state: a split step is open");
   require(counters != nullptr, ZF_ERROR_INVALID_VALUE, "counters: NULL");
   const std::vector<zf_engine_state_entry> layout = state_layout();
-  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count,
-          " buffers, but this engine's state has ", layout.size(), " entries (a state of another model?)");
+  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers, but this engine's state has ",
+          layout.size(), " entries (a state of another model?)");
   require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
   // Validate everything first.
   for (size_t e = 0; e < count; ++e) {
@@ -170,8 +170,8 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
               " columns, the matrix has ", p.cols, " (a state of another model?)");
       const auto* s = static_cast<const int32_t*>(b.data);
       for (int64_t c = 0; c < k; ++c)
-        require(s[c] >= 0 && s[c] < p.cols && (c == 0 || s[c] > s[c - 1]), ZF_ERROR_INVALID_VALUE, name,
-                ": params[", want.param, "] selected is not strictly increasing in [0, ", p.cols, ")");
+        require(s[c] >= 0 && s[c] < p.cols && (c == 0 || s[c] > s[c - 1]), ZF_ERROR_INVALID_VALUE, name, ": params[",
+                want.param, "] selected is not strictly increasing in [0, ", p.cols, ")");
       continue;
     }
     bool same = b.ndim == want.ndim;
@@ -181,8 +181,8 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     if (want.kind == ZF_STATE_STEPS) {
       const auto* s = static_cast<const int32_t*>(b.data);
       for (int64_t j = 0; j < numel(b); ++j)
-        require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param,
-                "] steps[", j, "] = ", s[j], " is out of range");
+        require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] steps[", j,
+                "] = ", s[j], " is out of range");
     }
   }
   schedule_.check(counters);
@@ -190,8 +190,7 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_GROWTH_TRACKER}, "]: out of range");
   require(counters[ZF_COUNTER_SKIPPED] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_SKIPPED},
           "]: negative");
-  require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE,
-          "loss_scale: must be finite and > 0");
+  require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
 
   // Quiesce the host lane, dropping whatever it held (its errors included).
   for (auto& job : slot_jobs_) {

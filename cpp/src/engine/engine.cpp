@@ -37,8 +37,7 @@ void check_config(const zf_engine_config& c) {
   require(c.full_warm_up_rounds >= 0, ZF_ERROR_INVALID_VALUE, "config.full_warm_up_rounds: must be >= 0");
   require(std::isfinite(c.auto_ratio) && c.auto_ratio > 0.0 && c.auto_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
           "config.auto_ratio: must be in (0, 1], got ", c.auto_ratio);
-  require(std::isfinite(c.pt_reserved_cores_perc) && c.pt_reserved_cores_perc >= 0.0 &&
-              c.pt_reserved_cores_perc <= 1.0,
+  require(std::isfinite(c.pt_reserved_cores_perc) && c.pt_reserved_cores_perc >= 0.0 && c.pt_reserved_cores_perc <= 1.0,
           ZF_ERROR_INVALID_VALUE, "config.pt_reserved_cores_perc: must be in [0, 1], got ", c.pt_reserved_cores_perc);
   require(c.max_update_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.max_update_interval: must be >= 1");
   require(c.master_weights == ZF_MASTER_FP32 || c.master_weights == ZF_MASTER_NONE, ZF_ERROR_INVALID_VALUE,
@@ -47,14 +46,14 @@ void check_config(const zf_engine_config& c) {
           "config.selection_score: unknown value ", static_cast<int>(c.selection_score));
   require(!std::isnan(c.max_grad_norm) && c.max_grad_norm < INFINITY, ZF_ERROR_INVALID_VALUE,
           "config.max_grad_norm: must be finite (<= 0 for none)");
-  require(c.loss_scaling == ZF_LOSS_SCALING_NONE || c.loss_scaling == ZF_LOSS_SCALING_DYNAMIC,
-          ZF_ERROR_INVALID_VALUE, "config.loss_scaling: unknown value ", static_cast<int>(c.loss_scaling));
+  require(c.loss_scaling == ZF_LOSS_SCALING_NONE || c.loss_scaling == ZF_LOSS_SCALING_DYNAMIC, ZF_ERROR_INVALID_VALUE,
+          "config.loss_scaling: unknown value ", static_cast<int>(c.loss_scaling));
   require(std::isfinite(c.initial_scale) && c.initial_scale > 0.0, ZF_ERROR_INVALID_VALUE,
           "config.initial_scale: must be finite and > 0");
   require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, ZF_ERROR_INVALID_VALUE,
           "config.growth_factor: must be > 1");
-  require(std::isfinite(c.backoff_factor) && c.backoff_factor > 0.0 && c.backoff_factor < 1.0,
-          ZF_ERROR_INVALID_VALUE, "config.backoff_factor: must be in (0, 1)");
+  require(std::isfinite(c.backoff_factor) && c.backoff_factor > 0.0 && c.backoff_factor < 1.0, ZF_ERROR_INVALID_VALUE,
+          "config.backoff_factor: must be in (0, 1)");
   require(c.growth_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.growth_interval: must be >= 1");
   require(c.bucket_bytes >= 1, ZF_ERROR_INVALID_VALUE, "config.bucket_bytes: must be >= 1");
   require(c.staging_slots >= 1, ZF_ERROR_INVALID_VALUE, "config.staging_slots: must be >= 1");
@@ -98,15 +97,14 @@ float read_float(const void* data, zf_dtype dtype, int64_t i) {
 
 }  // namespace
 
-Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count,
-               const zf_engine_group* groups, size_t group_count, const zf_engine_config& config)
+Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
+               size_t group_count, const zf_engine_config& config)
     : config_(config), schedule_(schedule_config(config)) {
   check_config(config);
   hparams_ = zf_adam_hparams{config.beta1, config.beta2, config.eps, ZF_ADAM_MODE_ADAMW};
   require(param_count == 0 || (params != nullptr && param_groups != nullptr), ZF_ERROR_INVALID_VALUE,
           "params, param_groups: NULL with param_count ", param_count);
-  require(group_count == 0 || groups != nullptr, ZF_ERROR_INVALID_VALUE, "groups: NULL with group_count ",
-          group_count);
+  require(group_count == 0 || groups != nullptr, ZF_ERROR_INVALID_VALUE, "groups: NULL with group_count ", group_count);
   groups_.assign(groups, groups + group_count);
   for (size_t g = 0; g < group_count; ++g) {
     require(finite_at_least(groups[g].lr, 0.0), ZF_ERROR_INVALID_VALUE, "groups[", g, "].lr: must be finite and >= 0");
@@ -125,7 +123,8 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
             "param_groups[", i, "]: ", param_groups[i], " is not a group index (", group_count, " groups)");
     const MatrixView view = matrix_view(params[i]);
     Param p{params[i], param_groups[i], params[i].ndim >= 2 && groups[param_groups[i]].dense == 0,
-            view.rows, view.cols, numel(params[i]), 0};
+            view.rows, view.cols,       numel(params[i]),
+            0};
     const bool has_master = config.master_weights == ZF_MASTER_FP32 && params[i].dtype != ZF_DTYPE_F32;
     if (p.matrix) {
       p.index = matrices_.size();
@@ -323,13 +322,13 @@ void Engine::wait_job(const std::shared_ptr<WorkJob>& job, double* stall) {
   } catch (const Error& e) {
     sticky_ = true;
     sticky_status_ = e.status();
-    sticky_message_ = std::string("engine host lane failed (the engine refuses steps until it loads a state): ") +
-                      e.what();
+    sticky_message_ =
+        std::string("engine host lane failed (the engine refuses steps until it loads a state): ") + e.what();
   } catch (const std::exception& e) {
     sticky_ = true;
     sticky_status_ = ZF_ERROR_INTERNAL;
-    sticky_message_ = std::string("engine host lane failed (the engine refuses steps until it loads a state): ") +
-                      e.what();
+    sticky_message_ =
+        std::string("engine host lane failed (the engine refuses steps until it loads a state): ") + e.what();
   }
   if (stall != nullptr) *stall += seconds_since(start);
   check_usable();

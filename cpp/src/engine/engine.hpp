@@ -74,7 +74,7 @@ class Engine {
   struct Matrix {
     size_t param;
     int64_t rows, cols, k;
-    bool has_master;               // fp32 master of the selected columns on the device
+    bool has_master;                // fp32 master of the selected columns on the device
     std::vector<int32_t> selected;  // current selection: empty, or k ascending columns
     // host layout [cols, rows]
     std::vector<float> master, exp_avg, exp_avg_sq, acc[2];
@@ -97,7 +97,7 @@ class Engine {
   struct Bucket {
     size_t first, last;  // matrices [first, last)
     zf_dtype dtype;
-    size_t max_bytes;    // packed bytes with nothing selected
+    size_t max_bytes;  // packed bytes with nothing selected
     size_t upload_offset;
     std::unique_ptr<PackPlan> pack;
     AccumulatePlan accumulate;

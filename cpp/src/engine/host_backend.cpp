@@ -11,8 +11,8 @@ namespace zf {
 
 HostBackend::HostBackend(int compute_threads) : pool_(compute_threads) {}
 
-void HostBackend::column_stats(ColumnStatsPlan& plan, const void* const* grads, float* const* col_sq,
-                               float* total_sq, int32_t* nonfinite) {
+void HostBackend::column_stats(ColumnStatsPlan& plan, const void* const* grads, float* const* col_sq, float* total_sq,
+                               int32_t* nonfinite) {
   plan.run(pool_, grads, col_sq, total_sq, nonfinite, false);
 }
 
@@ -36,8 +36,8 @@ void HostBackend::scatter(const PackPlan& plan, void* const* params, const int32
 void HostBackend::exchange(const zf_tensor& old_selected, const zf_tensor& new_selected,
                            const zf_column_state& old_state, const zf_column_state& new_state,
                            const zf_column_state& entering, const zf_column_state& leaving) {
-  const zf_status status = zf_exchange_selected_columns(&old_selected, &new_selected, &old_state, &new_state,
-                                                        &entering, &leaving, 1, nullptr, nullptr, nullptr);
+  const zf_status status = zf_exchange_selected_columns(&old_selected, &new_selected, &old_state, &new_state, &entering,
+                                                        &leaving, 1, nullptr, nullptr, nullptr);
   if (status != ZF_SUCCESS) fail(status, "selection exchange: ", zf_last_error());
 }
 

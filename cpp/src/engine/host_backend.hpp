@@ -20,8 +20,7 @@ class HostBackend final : public Backend {
   void select_topk(const SelectTopkPlan& plan, const float* const* scores, int32_t* const* indices) override;
   void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers, float grad_scale) override;
   void pack(const PackPlan& plan, void* const* grads, const int32_t* const* selected, void* packed) override;
-  void scatter(const PackPlan& plan, void* const* params, const int32_t* const* selected,
-               const void* packed) override;
+  void scatter(const PackPlan& plan, void* const* params, const int32_t* const* selected, const void* packed) override;
   void exchange(const zf_tensor& old_selected, const zf_tensor& new_selected, const zf_column_state& old_state,
                 const zf_column_state& new_state, const zf_column_state& entering,
                 const zf_column_state& leaving) override;

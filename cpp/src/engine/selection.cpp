@@ -49,11 +49,10 @@ struct ColumnList {
         exp_avg_sq(master.size()),
         steps(static_cast<size_t>(count)) {}
   zf_column_state state(int64_t count, int64_t rows, bool with_master) {
-    return zf_column_state{with_master ? host_tensor(master.data(), ZF_DTYPE_F32, {count, rows})
-                                       : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
-                           host_tensor(exp_avg.data(), ZF_DTYPE_F32, {count, rows}),
-                           host_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, {count, rows}),
-                           host_tensor(steps.data(), ZF_DTYPE_I32, {count})};
+    return zf_column_state{
+        with_master ? host_tensor(master.data(), ZF_DTYPE_F32, {count, rows}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
+        host_tensor(exp_avg.data(), ZF_DTYPE_F32, {count, rows}),
+        host_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, {count, rows}), host_tensor(steps.data(), ZF_DTYPE_I32, {count})};
   }
 };
 
@@ -106,10 +105,10 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   auto compact = [&](size_t base, int64_t k) {
     uint8_t* at = device_ + base;
     const size_t first = m.has_master ? floats : 0;
-    return zf_column_state{m.has_master ? host_tensor(at, ZF_DTYPE_F32, {rows, k}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
-                           host_tensor(at + first, ZF_DTYPE_F32, {rows, k}),
-                           host_tensor(at + first + floats, ZF_DTYPE_F32, {rows, k}),
-                           host_tensor(at + first + 2 * floats, ZF_DTYPE_I32, {k})};
+    return zf_column_state{
+        m.has_master ? host_tensor(at, ZF_DTYPE_F32, {rows, k}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
+        host_tensor(at + first, ZF_DTYPE_F32, {rows, k}), host_tensor(at + first + floats, ZF_DTYPE_F32, {rows, k}),
+        host_tensor(at + first + 2 * floats, ZF_DTYPE_I32, {k})};
   };
   const zf_column_state old_state = compact(region, k_old), new_state = compact(scratch_offset_, k_new);
   const zf_column_state leave_state = leave_list.state(n_leave, rows, m.has_master);
@@ -170,7 +169,8 @@ void Engine::rebuild_plans() {
       dtypes.push_back(b.dtype);
       b.selected_tensors.push_back(host_tensor(m.selected.data(), ZF_DTYPE_I32, {k}));
       b.selected_ptrs.push_back(k > 0 ? m.selected.data() : nullptr);
-      for (int a = 0; a < 2; ++a) b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.cols, m.rows}));
+      for (int a = 0; a < 2; ++a)
+        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.cols, m.rows}));
     }
     const size_t element = zf_dtype_size(b.dtype);
     b.packed_bytes = static_cast<size_t>(layout.total()) * element;
