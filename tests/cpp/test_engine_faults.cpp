@@ -1,8 +1,10 @@
 // The engine's checkpoints, faults and process safety on the host backend.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -206,10 +208,13 @@ TEST(EngineFaults, DestroyingMidWindowDoesNotHang) {
       std::vector<HostTensor> g = make_grads(model, t);
       engine.step(tensors_of(g));
     }
-    if (variant == 2) {  // a failure nobody collected
+    if (variant == 2) {  // a failure nobody collected (this step may or may not see it yet)
       zf::testing::inject_host_lane_fault(engine.get(), "late failure");
       std::vector<HostTensor> g = make_grads(model, 3);
-      engine.step(tensors_of(g));
+      try {
+        engine.step(tensors_of(g));
+      } catch (const zenflow::Error&) {
+      }
     }
     engine.reset();
   }
@@ -292,13 +297,26 @@ TEST(EngineFaults, CApiRejectsBadArguments) {
   EXPECT_EQ(zf_engine_destroy(nullptr), ZF_SUCCESS);
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define ZF_TEST_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ZF_TEST_UNDER_TSAN 1
+#endif
+#endif
+
 TEST(EngineFaults, ForkedChildCreatesAndUsesItsOwnEngine) {
+#ifdef ZF_TEST_UNDER_TSAN
+  GTEST_SKIP() << "ThreadSanitizer does not support threads in a child forked from a multi-threaded process";
+#endif
   Model model = standard_model();
   zf_engine_config c = test_config();
   c.host_threads = 2;
   zenflow::Engine parent(model.tensors(), model.param_groups, model.groups, c);
   std::vector<HostTensor> g = make_grads(model, 1);
   parent.step(tensors_of(g));  // the parent's lanes are running
+  std::fflush(stdout);
+  std::fflush(stderr);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -317,8 +335,18 @@ TEST(EngineFaults, ForkedChildCreatesAndUsesItsOwnEngine) {
     }
     _exit(code);
   }
+  // Wait with a bound: a hang in the child fails the test instead of the run.
   int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  pid_t done = 0;
+  for (int waited_ms = 0; waited_ms < 20000 && done == 0; waited_ms += 5) {
+    done = waitpid(pid, &status, WNOHANG);
+    if (done == 0) usleep(5000);
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the forked child hung";
+  }
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   parent.step(tensors_of(g));  // the parent is unaffected
