@@ -224,7 +224,7 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
       if (d.has_master) std::memcpy(device_float(d.dev_master), master, static_cast<size_t>(p.numel) * 4);
       std::memcpy(device_float(d.dev_exp_avg), exp_avg, static_cast<size_t>(p.numel) * 4);
       std::memcpy(device_float(d.dev_exp_avg_sq), exp_avg_sq, static_cast<size_t>(p.numel) * 4);
-      std::fill(device_int(d.dev_steps), device_int(d.dev_steps) + p.cols, steps[0]);
+      device_int(d.dev_steps)[0] = steps[0];
       e += 4;
       continue;
     }

@@ -221,7 +221,7 @@ void Engine::setup_buckets_and_memory() {
     if (d.has_master) d.dev_master = take(floats);
     d.dev_exp_avg = take(floats);
     d.dev_exp_avg_sq = take(floats);
-    d.dev_steps = take(static_cast<size_t>(p.cols) * 4);
+    d.dev_steps = take(4);  // one count: the update sees a dense parameter as [numel, 1]
   }
   device_state_bytes_ = offset;
   scratch_offset_ = take(scratch);

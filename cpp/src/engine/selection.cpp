@@ -148,8 +148,9 @@ void Engine::rebuild_plans() {
       device.push_back(AdamwSelectedMatrix{m.rows, m.cols, static_cast<int64_t>(m.selected.size()), p.tensor.dtype,
                                            p.tensor.dtype, m.has_master});
     } else {
-      device.push_back(
-          AdamwSelectedMatrix{p.rows, p.cols, p.cols, p.tensor.dtype, p.tensor.dtype, dense_[p.index].has_master});
+      // A dense parameter as one column [numel, 1]: all its elements share one step count,
+      // so the step's scalars are computed once, not once per column.
+      device.push_back(AdamwSelectedMatrix{p.numel, 1, 1, p.tensor.dtype, p.tensor.dtype, dense_[p.index].has_master});
     }
     device_plan_params_.push_back(i);
   }
