@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -350,6 +351,43 @@ TEST(EngineFaults, ForkedChildCreatesAndUsesItsOwnEngine) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   parent.step(tensors_of(g));  // the parent is unaffected
+}
+
+TEST(EngineFaults, ExitingWithAnEngineMidWindowDoesNotHang) {
+#ifdef ZF_TEST_UNDER_TSAN
+  GTEST_SKIP() << "ThreadSanitizer does not support threads in a child forked from a multi-threaded process";
+#endif
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Never destroyed: exit() runs with the engine's lanes alive, a window open and an update
+    // in flight, as an interpreter exiting without closing the optimizer does.
+    static Model model = standard_model();
+    zf_engine_config c = test_config();
+    c.host_threads = 2;
+    c.update_interval = 2;
+    auto* engine = new zenflow::Engine(model.tensors(), model.param_groups, model.groups, c);
+    for (int64_t t = 1; t <= 3; ++t) {
+      std::vector<HostTensor> g = make_grads(model, t);
+      engine->step(tensors_of(g));
+    }
+    std::exit(0);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int waited_ms = 0; waited_ms < 20000 && done == 0; waited_ms += 5) {
+    done = waitpid(pid, &status, WNOHANG);
+    if (done == 0) usleep(5000);
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "exit() hung with a live engine";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 // ---- features that need the engine end to end ----
