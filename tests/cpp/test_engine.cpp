@@ -354,3 +354,42 @@ TEST(EngineMemory, AttachedDeviceMemoryIsUsed) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace zf_engine_test;
+
+TEST(EngineShapes, ScalarsTinyMatricesAndAnEmptyModel) {
+  Model model;
+  model.groups = {zf_engine_group{1e-2, 0.0, 0}};
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{});      // 0-D: dense
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{1, 1});  // a 1x1 matrix
+  model.params.emplace_back(ZF_DTYPE_F16, std::vector<int64_t>{2, 1, 3});
+  model.param_groups = {0, 0, 0};
+  for (auto& p : model.params)
+    for (int64_t e = 0; e < p.numel(); ++e) p.set(e, 0.25f * static_cast<float>(e + 1));
+  for (double ratio : {0.0, 0.5, 1.0}) {
+    Model run = model;
+    RefConfig rc;
+    rc.topk_ratio = ratio;
+    rc.update_interval = 2;
+    Reference ref(run, rc);
+    zenflow::Engine engine(run.tensors(), run.param_groups, run.groups, engine_config(rc));
+    for (int64_t t = 1; t <= 5; ++t) {
+      std::vector<HostTensor> grads = make_grads(run, t);
+      engine.step(tensors_of(grads));
+      ref.step(grads, {1e-2});
+    }
+    engine.flush();
+    ref.flush();
+    EXPECT_LE(worst_error(run, ref, 1e-5, 2e-3), 1.0) << "topk_ratio " << ratio;  // fp16 weights
+  }
+  zenflow::Engine empty({}, {}, {}, test_config());
+  empty.step({});
+  empty.flush();
+  EXPECT_EQ(empty.stats().steps, 1);
+  zenflow::EngineState state = empty.save_state();
+  empty.load_state(state);
+}
+
+}  // namespace
