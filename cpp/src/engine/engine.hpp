@@ -10,7 +10,7 @@
 //   host AdamW of the deferred columns on A / steps, writing the upload copy U; uploaded at
 //   once (overlap off, warm-up) or at the next close (overlap on)].
 //
-// Files: engine.cpp (setup, the step, windows, flush), selection.cpp (top-k and the
+// Files: engine.cpp (setup, checks), step.cpp (the step, windows, flush), selection.cpp (top-k and the
 // exchange), checkpoint.cpp, stats.cpp, engine_api.cpp (the C ABI).
 #pragma once
 
