@@ -13,6 +13,7 @@
 #include "zenflow/types.h"
 
 #include "zenflow/cpu_adamw.h"
+#include "zenflow/engine.h"
 #include "zenflow/norms.h"
 #include "zenflow/optim.h"
 #include "zenflow/pack.h"

@@ -281,3 +281,120 @@ inline void cpu_scatter_columns(const std::vector<zf_column_state>& in, const st
 }
 
 }  // namespace zenflow
+
+// ---- the engine (see zenflow/engine.h for the contract) ----
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "zenflow/engine.h"
+
+namespace zenflow {
+
+// A saved engine state with its own storage (one buffer per layout entry).
+struct EngineState {
+  std::vector<zf_engine_state_entry> layout;
+  std::vector<std::vector<uint64_t>> storage;  // 8-byte aligned bytes of each buffer
+  std::array<int64_t, ZF_ENGINE_STATE_COUNTERS> counters{};
+  double loss_scale = 1.0;
+
+  void* data(size_t i) { return storage[i].data(); }
+  std::vector<zf_tensor> tensors() {
+    std::vector<zf_tensor> out;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const zf_engine_state_entry& e = layout[i];
+      out.push_back(contiguous_tensor(data(i), e.dtype, std::vector<int64_t>(e.shape, e.shape + e.ndim)));
+    }
+    return out;
+  }
+};
+
+// Move-only owner of a zf_engine.
+class Engine {
+ public:
+  // param_groups[i]: the group of params[i].
+  Engine(const std::vector<zf_tensor>& params, const std::vector<int32_t>& param_groups,
+         const std::vector<zf_engine_group>& groups, const zf_engine_config& config = zf_engine_config_default()) {
+    if (param_groups.size() != params.size())
+      throw Error(ZF_ERROR_INVALID_VALUE, "param_groups: length differs from params");
+    check(zf_engine_create(params.data(), param_groups.data(), params.size(), groups.data(), groups.size(), &config,
+                           &engine_));
+  }
+  ~Engine() { reset(); }
+  Engine(Engine&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+  Engine& operator=(Engine&& other) noexcept {
+    if (this != &other) {
+      reset();
+      engine_ = std::exchange(other.engine_, nullptr);
+    }
+    return *this;
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Destroys the engine now (joins its host lane).
+  void reset() noexcept {
+    if (engine_ != nullptr) zf_engine_destroy(engine_);
+    engine_ = nullptr;
+  }
+  zf_engine* get() const { return engine_; }
+
+  size_t device_memory_size() const {
+    size_t bytes = 0;
+    check(zf_engine_device_memory_size(engine_, &bytes));
+    return bytes;
+  }
+  void attach_device_memory(void* memory, size_t bytes) {
+    check(zf_engine_attach_device_memory(engine_, memory, bytes));
+  }
+
+  // lrs empty: each group's own lr.
+  void step(const std::vector<zf_tensor>& grads, const std::vector<double>& lrs = {}) {
+    check(zf_engine_step(engine_, grads.data(), grads.size(), lrs.empty() ? nullptr : lrs.data(), lrs.size()));
+  }
+  void begin_step(const std::vector<double>& lrs = {}) {
+    check(zf_engine_begin_step(engine_, lrs.empty() ? nullptr : lrs.data(), lrs.size()));
+  }
+  void submit(size_t first, const std::vector<zf_tensor>& grads) {
+    check(zf_engine_submit(engine_, first, grads.data(), grads.size()));
+  }
+  void end_step() { check(zf_engine_end_step(engine_)); }
+  void flush() { check(zf_engine_flush(engine_)); }
+
+  zf_engine_stats stats() const {
+    zf_engine_stats s{};
+    check(zf_engine_get_stats(engine_, &s));
+    return s;
+  }
+  double loss_scale() const {
+    double scale = 0.0;
+    check(zf_engine_loss_scale(engine_, &scale));
+    return scale;
+  }
+
+  std::vector<zf_engine_state_entry> state_layout() const {
+    size_t count = 0;
+    check(zf_engine_state_layout(engine_, nullptr, &count));
+    std::vector<zf_engine_state_entry> layout(count);
+    check(zf_engine_state_layout(engine_, layout.data(), &count));
+    return layout;
+  }
+  // Flushes, then copies the state out.
+  EngineState save_state() {
+    EngineState state;
+    state.layout = state_layout();
+    for (const zf_engine_state_entry& e : state.layout) state.storage.emplace_back((e.bytes + 7) / 8 + 1);
+    const std::vector<zf_tensor> buffers = state.tensors();
+    check(zf_engine_save_state(engine_, buffers.data(), buffers.size(), state.counters.data(), &state.loss_scale));
+    return state;
+  }
+  void load_state(EngineState& state) {
+    const std::vector<zf_tensor> buffers = state.tensors();
+    check(zf_engine_load_state(engine_, buffers.data(), buffers.size(), state.counters.data(), state.loss_scale));
+  }
+
+ private:
+  zf_engine* engine_ = nullptr;
+};
+
+}  // namespace zenflow

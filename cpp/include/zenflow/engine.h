@@ -1,0 +1,255 @@
+/*
+ * The zenflow engine (docs/design.md sections 2, 3 and 7): the whole stall-free pipeline as
+ * one object. Each step, the top-k gradient columns of every matrix are updated in place
+ * with AdamW (the "device" side), the other columns' gradients are packed, copied to the
+ * host and accumulated there, and every update_interval steps a host AdamW updates those
+ * columns in the background; the result is uploaded one window later (overlap on) or at
+ * once (overlap off).
+ *
+ * Backends. This build has the host backend: every parameter and gradient is a CPU tensor,
+ * the "device" ops run on the calling thread (on a compute pool of the engine's), copies
+ * are memcpy and events are completion flags. A CUDA backend maps the same state machine
+ * onto streams and events later; this header does not change for it.
+ *
+ * Parameters. Each parameter is a contiguous tensor (f32, bf16 or f16) updated in place;
+ * the caller keeps it alive, at the same address, until zf_engine_destroy. A parameter
+ * with ndim >= 2 whose group is not dense is a "matrix", viewed as [m, n] (m = shape[0],
+ * n = the product of the rest); everything else is "dense" (plain AdamW every step).
+ * k = 0 if topk_ratio == 0, else min(n, max(1, floor(topk_ratio * n))) per matrix.
+ *
+ * Threads. An engine is driven by one thread at a time (the training thread); calls on one
+ * engine from several threads at once are not supported. It owns two pools: the compute
+ * lane (the host twins of the device ops, on the calling thread plus workers) and the
+ * host lane (one driver thread and a pool for accumulates and window updates), sized by
+ * pt_reserved_cores_perc unless given. The lanes share no lock on the hot path.
+ *
+ * Determinism. For fixed inputs and configuration, results are bitwise identical across
+ * runs, across pool sizes, and between zf_engine_step and the split form.
+ *
+ * Errors. Every function returns a zf_status; zf_last_error() explains a failure. Bad
+ * input (a gradient of the wrong shape or dtype, say) changes nothing. A failure on the
+ * host lane is raised by the next call with its original message and is sticky: steps and
+ * flushes then fail until the engine loads a state or is destroyed. A non-finite gradient
+ * with loss_scaling NONE skips the step everywhere and fails with INVALID_VALUE naming the
+ * parameter index; that error is not sticky.
+ */
+#ifndef ZENFLOW_ENGINE_H_
+#define ZENFLOW_ENGINE_H_
+
+#include "zenflow/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zf_engine zf_engine; /* opaque */
+
+typedef enum zf_select_strategy {
+  ZF_SELECT_AUTO = 0, /* once per epoch (steps_per_epoch > 0), else once at window 1 */
+  ZF_SELECT_STEP = 1, /* every select_interval steps, rounded up to whole windows */
+  ZF_SELECT_EPOCH = 2 /* every select_interval * steps_per_epoch steps */
+} zf_select_strategy;
+
+typedef enum zf_selection_score {
+  ZF_SCORE_STEP = 0,  /* column sums of squares of the selection step's raw gradient */
+  ZF_SCORE_WINDOW = 1 /* the same summed over the previous window */
+} zf_selection_score;
+
+typedef enum zf_master_weights {
+  ZF_MASTER_FP32 = 0, /* bf16/fp16 parameters keep an fp32 master of their selected columns */
+  ZF_MASTER_NONE = 1  /* the parameter is its own master on the device */
+} zf_master_weights;
+
+typedef enum zf_loss_scaling {
+  ZF_LOSS_SCALING_NONE = 0,   /* loss scale 1; a non-finite gradient is an error */
+  ZF_LOSS_SCALING_DYNAMIC = 1 /* torch.amp.GradScaler's rule; overflow steps are skipped */
+} zf_loss_scaling;
+
+/*
+ * Configuration. Start from zf_engine_config_default() and change fields.
+ */
+typedef struct zf_engine_config {
+  double topk_ratio;                  /* 0.1, in [0, 1] */
+  zf_select_strategy select_strategy; /* AUTO */
+  int64_t select_interval;            /* 0 = "auto" (strategy step then acts as auto); else > 0 */
+  int64_t steps_per_epoch;            /* 0 = unknown; >= 0 (required > 0 for EPOCH) */
+  int64_t update_interval;            /* 4; 0 = "auto" (adaptive window, see below) */
+  int64_t full_warm_up_rounds;        /* 0, >= 0 */
+  int32_t overlap_step;               /* 1: window w's host update is applied at the close of w+1 */
+  double auto_ratio;                  /* 0.99, in (0, 1]: share of due matrices that closes an auto window */
+  double pt_reserved_cores_perc;      /* 0.5, in [0, 1]: share of cores left to the framework */
+  int64_t max_update_interval;        /* 16, >= 1: the longest auto window */
+  zf_master_weights master_weights;   /* FP32 */
+  zf_selection_score selection_score; /* STEP */
+  double max_grad_norm;               /* <= 0: no clipping (default 0) */
+  double beta1, beta2, eps;           /* 0.9, 0.999, 1e-8 */
+  zf_loss_scaling loss_scaling;       /* NONE */
+  double initial_scale;               /* 65536, > 0 */
+  double growth_factor;               /* 2, > 1 */
+  double backoff_factor;              /* 0.5, in (0, 1) */
+  int64_t growth_interval;            /* 2000, >= 1 */
+  size_t bucket_bytes;                /* 64 MiB, >= 1: packed gradient bytes per staging bucket */
+  int32_t staging_slots;              /* 4, >= 1: slots in the staging ring */
+  int32_t compute_threads;            /* 0 = auto: the cores pt_reserved_cores_perc leaves to the framework */
+  int32_t host_threads;               /* 0 = auto: the other cores (at least 1) */
+} zf_engine_config;
+
+/*
+ * update_interval 0 ("auto"): per matrix with 0 < k < n, over the steps of the current window
+ * so far, E_sel = sum of c over the selected columns / (k * steps) and E_def = sum of c over
+ * the deferred columns / (n - k), c the column sums of squares of the raw gradients; the
+ * matrix is due when E_def >= E_sel. After each step the window closes when
+ * (due matrices / counted matrices) >= auto_ratio, or when it has max_update_interval steps
+ * (always, when no matrix is counted).
+ */
+ZF_API zf_engine_config zf_engine_config_default(void);
+
+/* A parameter group: its learning rate, decoupled weight decay, and whether its parameters
+ * are all dense (updated in full every step, never offloaded). */
+typedef struct zf_engine_group {
+  double lr;
+  double weight_decay;
+  int32_t dense;
+} zf_engine_group;
+
+/*
+ * Creates an engine over `param_count` parameters: params[i] belongs to group
+ * param_groups[i] (an index into groups). Validates everything first; on failure *out is
+ * untouched. The parameters' values are first read by the first step (or replaced by a
+ * loaded state), so they may still be set between create and the first step.
+ */
+ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_groups, size_t param_count,
+                                  const zf_engine_group* groups, size_t group_count, const zf_engine_config* config,
+                                  zf_engine** out);
+/* Joins the host lane, dropping queued work that has not started, and frees the engine's
+ * memory (not the attached device memory, which the caller owns). Never waits for work that
+ * cannot complete. NULL is accepted. */
+ZF_API zf_status zf_engine_destroy(zf_engine* engine);
+
+/*
+ * Device memory, query then run: *bytes receives the size of the device-side memory (the
+ * compact selected state, the dense parameters' state, one matrix's exchange scratch, the
+ * staging ring and the upload bucket). The caller allocates it (256-byte aligned) on the
+ * parameters' device and attaches it before the first step or load; it must outlive the
+ * engine. On the host backend (CPU parameters) the memory is host memory, and attaching is
+ * optional: without it the engine allocates its own at the first step or load.
+ */
+ZF_API zf_status zf_engine_device_memory_size(const zf_engine* engine, size_t* bytes);
+ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory, size_t bytes);
+
+/*
+ * One optimizer step. grads: param_count tensors (grads[i] of params[i]'s shape and dtype,
+ * contiguous, on its device), read during the call only. lrs: NULL (each group's lr), or
+ * lr_count == group_count learning rates for this step. Gradients are "raw": multiplied by
+ * zf_engine_loss_scale() when loss scaling is on; the engine unscales and clips them.
+ * With dynamic loss scaling, an overflow step returns ZF_SUCCESS having changed nothing but
+ * the loss scale (stats.skipped_steps counts it).
+ */
+ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_t count, const double* lrs,
+                                size_t lr_count);
+/*
+ * The split form: begin_step, then submit for consecutive ranges of parameters as their
+ * gradients become ready (each parameter exactly once), then end_step. grads[j] belongs to
+ * params[first + j]. Submitted gradients are validated at once and must stay valid and
+ * unchanged until end_step returns. The result is bit for bit that of zf_engine_step.
+ */
+ZF_API zf_status zf_engine_begin_step(zf_engine* engine, const double* lrs, size_t lr_count);
+ZF_API zf_status zf_engine_submit(zf_engine* engine, size_t first, const zf_tensor* grads, size_t count);
+ZF_API zf_status zf_engine_end_step(zf_engine* engine);
+
+/* Applies the in-flight host update, then runs and applies the open window's (if any step
+ * was accumulated): afterwards the parameters hold the exact current weights and the host
+ * lane is idle. The window grid is not reset. */
+ZF_API zf_status zf_engine_flush(zf_engine* engine);
+
+/* Counters since creation; steps and skipped_steps are part of the checkpoint and follow a
+ * load. Seconds are wall-clock. */
+typedef struct zf_engine_stats {
+  int64_t steps;         /* steps taken (skipped steps excluded) */
+  int64_t windows;       /* host updates run after warm-up (window closes and flushes) */
+  int64_t reselections;  /* selections after the first */
+  int64_t skipped_steps; /* overflow / non-finite steps */
+  double last_global_norm;
+  double stall_seconds_window_close;  /* training thread waiting for a host update at a close */
+  double stall_seconds_back_pressure; /* waiting for a free staging slot */
+  double stall_seconds_flush;         /* inside flushes (explicit, selection, save) */
+  double host_update_seconds;         /* host lane time in window updates */
+  double accumulate_seconds;          /* host lane time in accumulates */
+  int64_t bytes_down;                 /* packed deferred gradient bytes (gradient dtype) */
+  int64_t bytes_up;                   /* uploaded deferred weight bytes (parameter dtype) */
+  double selected_fraction;           /* sum k / sum n over matrices (current selection) */
+  int64_t device_state_bytes;         /* compact selected state + dense state */
+  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring */
+} zf_engine_stats;
+
+ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);
+/* The current loss scale (1 without loss scaling). */
+ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scale);
+
+/*
+ * Checkpoint. The state is a list of buffers, each described by a zf_engine_state_entry,
+ * plus ZF_ENGINE_STATE_COUNTERS int64 schedule counters and the loss scale. Per parameter,
+ * in parameter order:
+ *   MASTER, EXP_AVG, EXP_AVG_SQ  f32 in the parameter's own shape (row-major): every
+ *                                column's fp32 master and moments, wherever it lives;
+ *   STEPS                        i32 [n] for a matrix (per column), [1] for a dense parameter;
+ *   SELECTED (matrix only)       i32 [k]: the selected columns, ascending ([0] before the
+ *                                first selection);
+ *   WINDOW_SCORE (matrix only)   f32 [2, n]: column scores summed over the previous and the
+ *                                current window (selection_score WINDOW);
+ *   WINDOW_ENERGY (matrix only)  f32 [2]: the auto interval's selected / deferred sums.
+ * It does not depend on which columns sit where: it loads into an engine with another
+ * topk_ratio (a selection that does not fit is redone at the next step), thread count or
+ * backend. The parameters' own values are not part of it (restore them as for any
+ * optimizer: a bf16 parameter with an fp32 master equals its master rounded).
+ */
+typedef enum zf_engine_state_kind {
+  ZF_STATE_MASTER = 0,
+  ZF_STATE_EXP_AVG = 1,
+  ZF_STATE_EXP_AVG_SQ = 2,
+  ZF_STATE_STEPS = 3,
+  ZF_STATE_SELECTED = 4,
+  ZF_STATE_WINDOW_SCORE = 5,
+  ZF_STATE_WINDOW_ENERGY = 6
+} zf_engine_state_kind;
+
+typedef struct zf_engine_state_entry {
+  int32_t param; /* parameter index */
+  zf_engine_state_kind kind;
+  zf_dtype dtype;
+  int32_t ndim;
+  int64_t shape[ZF_MAX_DIMS];
+  size_t bytes;
+} zf_engine_state_entry;
+
+/* The schedule counters' positions in the counters array. */
+enum {
+  ZF_COUNTER_STEP = 0,            /* steps taken */
+  ZF_COUNTER_WINDOW = 1,          /* windows started after warm-up */
+  ZF_COUNTER_WINDOW_STEPS = 2,    /* steps of the open window so far */
+  ZF_COUNTER_SINCE_SELECTION = 3, /* steps since the last selection (inclusive) */
+  ZF_COUNTER_SELECTIONS = 4,      /* selections made */
+  ZF_COUNTER_HAS_PREVIOUS_WINDOW = 5,
+  ZF_COUNTER_GROWTH_TRACKER = 6, /* consecutive good steps of the loss scaler */
+  ZF_COUNTER_SKIPPED = 7,        /* skipped steps */
+  ZF_ENGINE_STATE_COUNTERS = 8
+};
+
+/* Query-then-run: with entries == NULL, *count receives the number of entries; otherwise
+ * *count must hold at least that many and entries receives them. */
+ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state_entry* entries, size_t* count);
+/* Flushes, then writes the state into `count` caller buffers (CPU tensors matching the
+ * layout entry by entry), the counters and the loss scale. */
+ZF_API zf_status zf_engine_save_state(zf_engine* engine, const zf_tensor* buffers, size_t count, int64_t* counters,
+                                      double* loss_scale);
+/* Validates everything first (a state of another model fails with INVALID_VALUE naming the
+ * entry and changes nothing), then waits for the host lane, replaces the whole state and
+ * clears a sticky error. */
+ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffers, size_t count,
+                                      const int64_t* counters, double loss_scale);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZENFLOW_ENGINE_H_ */

@@ -1,0 +1,281 @@
+// The checkpoint (zenflow/engine.h): the state in the parameters' own layout, independent of
+// which columns sit on which side. Save flushes first; load validates everything before it
+// changes anything.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.hpp"
+#include "common/float_convert.hpp"
+#include "common/tensor.hpp"
+#include "engine/engine.hpp"
+
+namespace zf {
+namespace {
+
+const char* kind_name(zf_engine_state_kind kind) {
+  switch (kind) {
+    case ZF_STATE_MASTER:
+      return "master";
+    case ZF_STATE_EXP_AVG:
+      return "exp_avg";
+    case ZF_STATE_EXP_AVG_SQ:
+      return "exp_avg_sq";
+    case ZF_STATE_STEPS:
+      return "steps";
+    case ZF_STATE_SELECTED:
+      return "selected";
+    case ZF_STATE_WINDOW_SCORE:
+      return "window_score";
+    case ZF_STATE_WINDOW_ENERGY:
+      return "window_energy";
+  }
+  return "?";
+}
+
+zf_engine_state_entry entry(size_t param, zf_engine_state_kind kind, zf_dtype dtype, int32_t ndim,
+                            const int64_t* shape) {
+  zf_engine_state_entry e{};
+  e.param = static_cast<int32_t>(param);
+  e.kind = kind;
+  e.dtype = dtype;
+  e.ndim = ndim;
+  size_t elements = 1;
+  for (int d = 0; d < ndim; ++d) {
+    e.shape[d] = shape[d];
+    elements *= static_cast<size_t>(shape[d]);
+  }
+  e.bytes = elements * zf_dtype_size(dtype);
+  return e;
+}
+
+float widen(const void* data, zf_dtype dtype, int64_t i) {
+  if (dtype == ZF_DTYPE_BF16) return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  if (dtype == ZF_DTYPE_F16) return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  return static_cast<const float*>(data)[i];
+}
+
+}  // namespace
+
+std::vector<zf_engine_state_entry> Engine::state_layout() const {
+  std::vector<zf_engine_state_entry> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    for (zf_engine_state_kind kind : {ZF_STATE_MASTER, ZF_STATE_EXP_AVG, ZF_STATE_EXP_AVG_SQ})
+      out.push_back(entry(i, kind, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
+    if (!p.matrix) {
+      const int64_t one = 1;
+      out.push_back(entry(i, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &one));
+      continue;
+    }
+    const Matrix& m = matrices_[p.index];
+    const int64_t k = static_cast<int64_t>(m.selected.size()), score[2] = {2, m.cols}, two = 2;
+    out.push_back(entry(i, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &m.cols));
+    out.push_back(entry(i, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
+    out.push_back(entry(i, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
+    out.push_back(entry(i, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
+  }
+  return out;
+}
+
+void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
+  require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "save_state: a split step is open");
+  require(counters != nullptr && loss_scale != nullptr, ZF_ERROR_INVALID_VALUE, "counters, loss_scale: NULL");
+  const std::vector<zf_engine_state_entry> layout = state_layout();
+  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers for a state of ", layout.size(),
+          " entries");
+  require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
+  for (size_t e = 0; e < count; ++e) {
+    const ArgName name("buffers", e);
+    check_descriptor(&buffers[e], name);
+    check_cpu(buffers[e], name);
+    check_dtype(buffers[e], name, {layout[e].dtype});
+    check_contiguous(buffers[e], name);
+    bool same = buffers[e].ndim == layout[e].ndim;
+    for (int d = 0; same && d < layout[e].ndim; ++d) same = buffers[e].shape[d] == layout[e].shape[d];
+    require(same, ZF_ERROR_INVALID_VALUE, name, ": shape differs from the layout of params[", layout[e].param, "] ",
+            kind_name(layout[e].kind));
+  }
+  poll_host_lane();
+  initialize_state();
+  flush_internal();
+  size_t e = 0;
+  for (const Param& p : params_) {
+    float* master = static_cast<float*>(buffers[e].data);
+    float* exp_avg = static_cast<float*>(buffers[e + 1].data);
+    float* exp_avg_sq = static_cast<float*>(buffers[e + 2].data);
+    int32_t* steps = static_cast<int32_t*>(buffers[e + 3].data);
+    if (!p.matrix) {
+      const Dense& d = dense_[p.index];
+      for (int64_t i = 0; i < p.numel; ++i)
+        master[i] = d.has_master ? device_float(d.dev_master)[i] : widen(p.tensor.data, p.tensor.dtype, i);
+      std::memcpy(exp_avg, device_float(d.dev_exp_avg), static_cast<size_t>(p.numel) * 4);
+      std::memcpy(exp_avg_sq, device_float(d.dev_exp_avg_sq), static_cast<size_t>(p.numel) * 4);
+      steps[0] = device_int(d.dev_steps)[0];
+      e += 4;
+      continue;
+    }
+    const Matrix& m = matrices_[p.index];
+    const int64_t rows = m.rows, cols = m.cols, k = static_cast<int64_t>(m.selected.size());
+    for (int64_t j = 0; j < cols; ++j) {  // host layout [cols, rows] -> [rows, cols]
+      for (int64_t r = 0; r < rows; ++r) {
+        master[r * cols + j] = m.master[j * rows + r];
+        exp_avg[r * cols + j] = m.exp_avg[j * rows + r];
+        exp_avg_sq[r * cols + j] = m.exp_avg_sq[j * rows + r];
+      }
+      steps[j] = m.steps[j];
+    }
+    for (int64_t c = 0; c < k; ++c) {  // the selected columns live in the compact state [rows, k]
+      const int64_t j = m.selected[c];
+      for (int64_t r = 0; r < rows; ++r) {
+        master[r * cols + j] =
+            m.has_master ? device_float(m.dev_master)[r * k + c] : widen(p.tensor.data, p.tensor.dtype, r * cols + j);
+        exp_avg[r * cols + j] = device_float(m.dev_exp_avg)[r * k + c];
+        exp_avg_sq[r * cols + j] = device_float(m.dev_exp_avg_sq)[r * k + c];
+      }
+      steps[j] = device_int(m.dev_steps)[c];
+    }
+    std::copy(m.selected.begin(), m.selected.end(), static_cast<int32_t*>(buffers[e + 4].data));
+    std::copy(m.window_score.begin(), m.window_score.end(), static_cast<float*>(buffers[e + 5].data));
+    std::copy(m.energy, m.energy + 2, static_cast<float*>(buffers[e + 6].data));
+    e += 7;
+  }
+  schedule_.save(counters);
+  counters[ZF_COUNTER_GROWTH_TRACKER] = growth_tracker_;
+  counters[ZF_COUNTER_SKIPPED] = skipped_steps_;
+  *loss_scale = loss_scale_;
+}
+
+void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
+  require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "load_state: a split step is open");
+  require(counters != nullptr, ZF_ERROR_INVALID_VALUE, "counters: NULL");
+  const std::vector<zf_engine_state_entry> layout = state_layout();
+  require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers, but this engine's state has ",
+          layout.size(), " entries (a state of another model?)");
+  require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
+  // Validate everything first.
+  for (size_t e = 0; e < count; ++e) {
+    const ArgName name("buffers", e);
+    const zf_engine_state_entry& want = layout[e];
+    check_descriptor(&buffers[e], name);
+    check_cpu(buffers[e], name);
+    check_dtype(buffers[e], name, {want.dtype});
+    check_contiguous(buffers[e], name);
+    const zf_tensor& b = buffers[e];
+    const Param& p = params_[static_cast<size_t>(want.param)];
+    if (want.kind == ZF_STATE_SELECTED) {
+      check_ndim(b, name, 1);
+      const int64_t k = b.shape[0];
+      require(k <= p.cols, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] selected holds ", k,
+              " columns, the matrix has ", p.cols, " (a state of another model?)");
+      const auto* s = static_cast<const int32_t*>(b.data);
+      for (int64_t c = 0; c < k; ++c)
+        require(s[c] >= 0 && s[c] < p.cols && (c == 0 || s[c] > s[c - 1]), ZF_ERROR_INVALID_VALUE, name, ": params[",
+                want.param, "] selected is not strictly increasing in [0, ", p.cols, ")");
+      continue;
+    }
+    bool same = b.ndim == want.ndim;
+    for (int d = 0; same && d < want.ndim; ++d) same = b.shape[d] == want.shape[d];
+    require(same, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] ", kind_name(want.kind),
+            " has another shape than this engine's (a state of another model?)");
+    if (want.kind == ZF_STATE_STEPS) {
+      const auto* s = static_cast<const int32_t*>(b.data);
+      for (int64_t j = 0; j < numel(b); ++j)
+        require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] steps[", j,
+                "] = ", s[j], " is out of range");
+    }
+  }
+  schedule_.check(counters);
+  require(counters[ZF_COUNTER_GROWTH_TRACKER] >= 0 && counters[ZF_COUNTER_GROWTH_TRACKER] < config_.growth_interval,
+          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_GROWTH_TRACKER}, "]: out of range");
+  require(counters[ZF_COUNTER_SKIPPED] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_SKIPPED},
+          "]: negative");
+  require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
+
+  // Quiesce the host lane, dropping whatever it held (its errors included).
+  for (auto& job : slot_jobs_) {
+    if (job) {
+      try {
+        job->wait();
+      } catch (...) {
+      }
+    }
+    job.reset();
+  }
+  if (inflight_) {
+    try {
+      inflight_->wait();
+    } catch (...) {
+    }
+    inflight_.reset();
+  }
+  ensure_device_memory();
+  initialized_ = true;
+  schedule_.load(counters);
+  bool reselect = false;
+  size_t e = 0;
+  for (const Param& p : params_) {
+    const auto* master = static_cast<const float*>(buffers[e].data);
+    const auto* exp_avg = static_cast<const float*>(buffers[e + 1].data);
+    const auto* exp_avg_sq = static_cast<const float*>(buffers[e + 2].data);
+    const auto* steps = static_cast<const int32_t*>(buffers[e + 3].data);
+    if (!p.matrix) {
+      const Dense& d = dense_[p.index];
+      if (d.has_master) std::memcpy(device_float(d.dev_master), master, static_cast<size_t>(p.numel) * 4);
+      std::memcpy(device_float(d.dev_exp_avg), exp_avg, static_cast<size_t>(p.numel) * 4);
+      std::memcpy(device_float(d.dev_exp_avg_sq), exp_avg_sq, static_cast<size_t>(p.numel) * 4);
+      device_int(d.dev_steps)[0] = steps[0];
+      e += 4;
+      continue;
+    }
+    Matrix& m = matrices_[p.index];
+    const int64_t rows = m.rows, cols = m.cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t r = 0; r < rows; ++r) {
+        m.master[j * rows + r] = master[r * cols + j];
+        m.exp_avg[j * rows + r] = exp_avg[r * cols + j];
+        m.exp_avg_sq[j * rows + r] = exp_avg_sq[r * cols + j];
+      }
+      m.steps[j] = steps[j];
+    }
+    std::fill(m.acc[0].begin(), m.acc[0].end(), 0.0f);
+    std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
+    const zf_tensor& sel = buffers[e + 4];
+    const auto* saved = static_cast<const int32_t*>(sel.data);
+    const int64_t k_saved = sel.shape[0];
+    const int64_t k_expected = schedule_.selections() > 0 ? m.k : 0;
+    if (k_saved == k_expected) {
+      m.selected.assign(saved, saved + k_saved);
+      const int64_t k = k_saved;
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t j = m.selected[c];
+        for (int64_t r = 0; r < rows; ++r) {
+          if (m.has_master) device_float(m.dev_master)[r * k + c] = master[r * cols + j];
+          device_float(m.dev_exp_avg)[r * k + c] = exp_avg[r * cols + j];
+          device_float(m.dev_exp_avg_sq)[r * k + c] = exp_avg_sq[r * cols + j];
+        }
+        device_int(m.dev_steps)[c] = steps[j];
+      }
+    } else {
+      // The saved selection does not fit this engine (another topk_ratio): the whole state
+      // goes to the host, and the next step selects anew.
+      m.selected.clear();
+      reselect = true;
+    }
+    std::copy_n(static_cast<const float*>(buffers[e + 5].data), 2 * cols, m.window_score.begin());
+    std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
+    e += 7;
+  }
+  if (reselect) schedule_.force_selection();
+  growth_tracker_ = counters[ZF_COUNTER_GROWTH_TRACKER];
+  skipped_steps_ = counters[ZF_COUNTER_SKIPPED];
+  loss_scale_ = config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? loss_scale : 1.0;
+  acc_current_ = 0;
+  steps_accumulated_ = 0;
+  next_slot_ = 0;
+  sticky_ = false;
+  sticky_message_.clear();
+  rebuild_plans();
+}
+
+}  // namespace zf

@@ -1,0 +1,359 @@
+// The engine: setup, device memory, state initialisation and argument checks (engine.hpp);
+// the step itself is in step.cpp.
+#include "engine/engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.hpp"
+#include "common/float_convert.hpp"
+#include "common/matrix_view.hpp"
+#include "common/tensor.hpp"
+#include "engine/host_backend.hpp"
+
+namespace zf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+bool finite_at_least(double value, double low) { return std::isfinite(value) && value >= low; }
+
+void check_config(const zf_engine_config& c) {
+  require(std::isfinite(c.topk_ratio) && c.topk_ratio >= 0.0 && c.topk_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
+          "config.topk_ratio: must be in [0, 1], got ", c.topk_ratio);
+  require(c.select_strategy == ZF_SELECT_AUTO || c.select_strategy == ZF_SELECT_STEP ||
+              c.select_strategy == ZF_SELECT_EPOCH,
+          ZF_ERROR_INVALID_VALUE, "config.select_strategy: unknown value ", static_cast<int>(c.select_strategy));
+  require(c.select_interval >= 0, ZF_ERROR_INVALID_VALUE, "config.select_interval: must be >= 0 (0 = auto)");
+  require(c.steps_per_epoch >= 0, ZF_ERROR_INVALID_VALUE, "config.steps_per_epoch: must be >= 0");
+  require(c.select_strategy != ZF_SELECT_EPOCH || c.steps_per_epoch > 0, ZF_ERROR_INVALID_VALUE,
+          "config.steps_per_epoch: select_strategy \"epoch\" needs steps_per_epoch > 0");
+  require(c.update_interval >= 0, ZF_ERROR_INVALID_VALUE, "config.update_interval: must be >= 0 (0 = auto)");
+  require(c.full_warm_up_rounds >= 0, ZF_ERROR_INVALID_VALUE, "config.full_warm_up_rounds: must be >= 0");
+  require(std::isfinite(c.auto_ratio) && c.auto_ratio > 0.0 && c.auto_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
+          "config.auto_ratio: must be in (0, 1], got ", c.auto_ratio);
+  require(std::isfinite(c.pt_reserved_cores_perc) && c.pt_reserved_cores_perc >= 0.0 && c.pt_reserved_cores_perc <= 1.0,
+          ZF_ERROR_INVALID_VALUE, "config.pt_reserved_cores_perc: must be in [0, 1], got ", c.pt_reserved_cores_perc);
+  require(c.max_update_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.max_update_interval: must be >= 1");
+  require(c.master_weights == ZF_MASTER_FP32 || c.master_weights == ZF_MASTER_NONE, ZF_ERROR_INVALID_VALUE,
+          "config.master_weights: unknown value ", static_cast<int>(c.master_weights));
+  require(c.selection_score == ZF_SCORE_STEP || c.selection_score == ZF_SCORE_WINDOW, ZF_ERROR_INVALID_VALUE,
+          "config.selection_score: unknown value ", static_cast<int>(c.selection_score));
+  require(!std::isnan(c.max_grad_norm) && c.max_grad_norm < INFINITY, ZF_ERROR_INVALID_VALUE,
+          "config.max_grad_norm: must be finite (<= 0 for none)");
+  require(c.loss_scaling == ZF_LOSS_SCALING_NONE || c.loss_scaling == ZF_LOSS_SCALING_DYNAMIC, ZF_ERROR_INVALID_VALUE,
+          "config.loss_scaling: unknown value ", static_cast<int>(c.loss_scaling));
+  require(std::isfinite(c.initial_scale) && c.initial_scale > 0.0, ZF_ERROR_INVALID_VALUE,
+          "config.initial_scale: must be finite and > 0");
+  require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, ZF_ERROR_INVALID_VALUE,
+          "config.growth_factor: must be > 1");
+  require(std::isfinite(c.backoff_factor) && c.backoff_factor > 0.0 && c.backoff_factor < 1.0, ZF_ERROR_INVALID_VALUE,
+          "config.backoff_factor: must be in (0, 1)");
+  require(c.growth_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.growth_interval: must be >= 1");
+  require(c.bucket_bytes >= 1, ZF_ERROR_INVALID_VALUE, "config.bucket_bytes: must be >= 1");
+  require(c.staging_slots >= 1, ZF_ERROR_INVALID_VALUE, "config.staging_slots: must be >= 1");
+  const int max_threads = std::max(64, 4 * host_cpu_count());
+  require(c.compute_threads >= 0 && c.compute_threads <= max_threads, ZF_ERROR_INVALID_VALUE,
+          "config.compute_threads: must be in [0, ", max_threads, "] (0 = auto)");
+  require(c.host_threads >= 0 && c.host_threads <= max_threads, ZF_ERROR_INVALID_VALUE,
+          "config.host_threads: must be in [0, ", max_threads, "] (0 = auto)");
+  zf_adam_hparams h{c.beta1, c.beta2, c.eps, ZF_ADAM_MODE_ADAMW};
+  check_adam_hparams(&h);
+}
+
+ScheduleConfig schedule_config(const zf_engine_config& c) {
+  ScheduleConfig s;
+  s.warm_up_rounds = c.full_warm_up_rounds;
+  s.update_interval = c.update_interval;
+  s.max_update_interval = c.max_update_interval;
+  s.auto_ratio = c.auto_ratio;
+  s.strategy = c.select_strategy;
+  s.select_interval = c.select_interval;
+  s.steps_per_epoch = c.steps_per_epoch;
+  return s;
+}
+
+int64_t selected_count(double ratio, int64_t n) {
+  if (ratio == 0.0) return 0;
+  const auto k = static_cast<int64_t>(std::floor(ratio * static_cast<double>(n)));
+  return std::min(n, std::max<int64_t>(1, k));
+}
+
+float read_float(const void* data, zf_dtype dtype, int64_t i) {
+  switch (dtype) {
+    case ZF_DTYPE_BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case ZF_DTYPE_F16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    default:
+      return static_cast<const float*>(data)[i];
+  }
+}
+
+}  // namespace
+
+Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
+               size_t group_count, const zf_engine_config& config)
+    : config_(config), schedule_(schedule_config(config)) {
+  check_config(config);
+  hparams_ = zf_adam_hparams{config.beta1, config.beta2, config.eps, ZF_ADAM_MODE_ADAMW};
+  require(param_count == 0 || (params != nullptr && param_groups != nullptr), ZF_ERROR_INVALID_VALUE,
+          "params, param_groups: NULL with param_count ", param_count);
+  require(group_count == 0 || groups != nullptr, ZF_ERROR_INVALID_VALUE, "groups: NULL with group_count ", group_count);
+  groups_.assign(groups, groups + group_count);
+  for (size_t g = 0; g < group_count; ++g) {
+    require(finite_at_least(groups[g].lr, 0.0), ZF_ERROR_INVALID_VALUE, "groups[", g, "].lr: must be finite and >= 0");
+    require(finite_at_least(groups[g].weight_decay, 0.0), ZF_ERROR_INVALID_VALUE, "groups[", g,
+            "].weight_decay: must be finite and >= 0");
+  }
+  for (size_t i = 0; i < param_count; ++i) {
+    const ArgName name("params", i);
+    check_descriptor(&params[i], name);
+    require(params[i].device.type == ZF_DEVICE_CPU, ZF_ERROR_NOT_SUPPORTED, name,
+            ": a CUDA parameter needs the engine's CUDA backend, which this build does not have");
+    check_dtype(params[i], name, {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
+    check_contiguous(params[i], name);
+    require(numel(params[i]) > 0, ZF_ERROR_INVALID_VALUE, name, ": has no elements");
+    require(param_groups[i] >= 0 && static_cast<size_t>(param_groups[i]) < group_count, ZF_ERROR_INVALID_VALUE,
+            "param_groups[", i, "]: ", param_groups[i], " is not a group index (", group_count, " groups)");
+    const MatrixView view = matrix_view(params[i]);
+    Param p{params[i], param_groups[i], params[i].ndim >= 2 && groups[param_groups[i]].dense == 0,
+            view.rows, view.cols,       numel(params[i]),
+            0};
+    const bool has_master = config.master_weights == ZF_MASTER_FP32 && params[i].dtype != ZF_DTYPE_F32;
+    if (p.matrix) {
+      p.index = matrices_.size();
+      Matrix m;
+      m.param = i;
+      m.rows = p.rows;
+      m.cols = p.cols;
+      m.k = selected_count(config.topk_ratio, p.cols);
+      m.has_master = has_master;
+      matrices_.push_back(std::move(m));
+    } else {
+      p.index = dense_.size();
+      Dense d;
+      d.param = i;
+      d.has_master = has_master;
+      dense_.push_back(std::move(d));
+    }
+    params_.push_back(p);
+  }
+  const int host_auto = reserved_split_thread_count(config.pt_reserved_cores_perc);
+  const int host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
+  compute_threads_ = config.compute_threads > 0 ? config.compute_threads : std::max(1, host_cpu_count() - host_auto);
+  last_lr_.resize(group_count);
+  for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
+  loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
+  setup_buckets_and_memory();
+  backend_ = std::make_unique<HostBackend>(compute_threads_);
+  lane_ = std::make_unique<HostLane>(host_threads);
+}
+
+Engine::~Engine() {
+  lane_.reset();  // joins the host lane first: no job touches the buffers below any more
+  if (device_owned_ && device_ != nullptr) backend_->free_device(device_);
+}
+
+void Engine::setup_buckets_and_memory() {
+  std::vector<ColumnStatsMatrix> stats;
+  for (const Param& p : params_) stats.push_back(ColumnStatsMatrix{p.rows, p.cols, p.tensor.dtype});
+  stats_plan_ = std::make_unique<ColumnStatsPlan>(std::move(stats));
+  // Buckets: consecutive matrices of one dtype, at most bucket_bytes of packed gradient with
+  // nothing selected (the largest a bucket gets); a larger matrix is a bucket of its own.
+  size_t upload_bytes = 0;
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    Matrix& m = matrices_[i];
+    const zf_dtype dtype = params_[m.param].tensor.dtype;
+    const size_t bytes = static_cast<size_t>(m.rows * m.cols) * zf_dtype_size(dtype);
+    if (buckets_.empty() || buckets_.back().dtype != dtype ||
+        buckets_.back().max_bytes + bytes > config_.bucket_bytes) {
+      Bucket b;
+      b.first = b.last = i;
+      b.dtype = dtype;
+      b.max_bytes = 0;
+      b.upload_offset = upload_bytes;
+      buckets_.push_back(std::move(b));
+    }
+    Bucket& b = buckets_.back();
+    m.bucket = buckets_.size() - 1;
+    b.last = i + 1;
+    b.max_bytes += bytes;
+    upload_bytes += bytes;
+    slot_bytes_ = std::max(slot_bytes_, b.max_bytes);
+    const size_t elements = static_cast<size_t>(m.rows * m.cols);
+    m.master.resize(elements);
+    m.exp_avg.resize(elements);
+    m.exp_avg_sq.resize(elements);
+    m.acc[0].resize(elements);
+    m.acc[1].resize(elements);
+    m.steps.resize(static_cast<size_t>(m.cols));
+    m.col_sq.resize(static_cast<size_t>(m.cols));
+    m.window_score.resize(2 * static_cast<size_t>(m.cols));
+  }
+  for (Dense& d : dense_) d.col_sq.resize(static_cast<size_t>(params_[d.param].cols));
+  // Device memory: compact state per matrix, dense state, one matrix's exchange scratch,
+  // the staging ring, one upload bucket.
+  size_t offset = 0, scratch = 0;
+  auto take = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset += align256(bytes);
+    return at;
+  };
+  for (Matrix& m : matrices_) {
+    const size_t floats = static_cast<size_t>(m.rows * m.k) * 4;
+    const size_t start = offset;
+    if (m.has_master) m.dev_master = take(floats);
+    m.dev_exp_avg = take(floats);
+    m.dev_exp_avg_sq = take(floats);
+    m.dev_steps = take(static_cast<size_t>(m.k) * 4);
+    m.compact_bytes = offset - start;
+    scratch = std::max(scratch, m.compact_bytes);
+  }
+  for (Dense& d : dense_) {
+    const Param& p = params_[d.param];
+    const size_t floats = static_cast<size_t>(p.numel) * 4;
+    if (d.has_master) d.dev_master = take(floats);
+    d.dev_exp_avg = take(floats);
+    d.dev_exp_avg_sq = take(floats);
+    d.dev_steps = take(4);  // one count: the update sees a dense parameter as [numel, 1]
+  }
+  device_state_bytes_ = offset;
+  scratch_offset_ = take(scratch);
+  slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
+  staging_offset_ = take(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  upload_buffer_offset_ = take(slot_bytes_);
+  device_bytes_ = offset;
+  host_slots_.resize(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  upload_.resize(upload_bytes);
+  slot_jobs_.resize(static_cast<size_t>(config_.staging_slots));
+}
+
+void Engine::attach_device_memory(void* memory, size_t bytes) {
+  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+          "memory: device memory is attached once, before the first step or load");
+  require(memory != nullptr || device_bytes_ == 0, ZF_ERROR_INVALID_VALUE, "memory: NULL");
+  require(bytes >= device_bytes_, ZF_ERROR_INVALID_VALUE, "bytes: ", bytes, " < the ", device_bytes_,
+          " bytes zf_engine_device_memory_size asks for");
+  require(reinterpret_cast<uintptr_t>(memory) % 256 == 0, ZF_ERROR_INVALID_VALUE, "memory: not 256-byte aligned");
+  device_ = static_cast<uint8_t*>(memory);
+  backend_->fill_device_zero(device_, device_bytes_);
+}
+
+void Engine::ensure_device_memory() {
+  if (device_ != nullptr || device_bytes_ == 0) return;
+  device_ = static_cast<uint8_t*>(backend_->allocate_device(device_bytes_));
+  device_owned_ = true;
+  backend_->fill_device_zero(device_, device_bytes_);
+}
+
+void Engine::initialize_state() {
+  if (initialized_) return;
+  ensure_device_memory();
+  // Host masters from the weights: a pack with nothing selected writes W^T in fp32, which is
+  // the host layout.
+  for (Matrix& m : matrices_) {
+    PackedLayout layout;
+    layout.add(m.rows, m.cols, 0);
+    PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
+    void* param = params_[m.param].tensor.data;
+    const int32_t* none = nullptr;
+    plan.run(static_cast<HostBackend&>(*backend_).pool(), &param, &none, m.master.data(), 1.0f, true);
+  }
+  for (Dense& d : dense_) {
+    if (!d.has_master) continue;
+    const Param& p = params_[d.param];
+    float* master = device_float(d.dev_master);
+    for (int64_t i = 0; i < p.numel; ++i) master[i] = read_float(p.tensor.data, p.tensor.dtype, i);
+  }
+  rebuild_plans();
+  initialized_ = true;
+}
+
+zf_column_state Engine::host_state(Matrix& m, bool with_master) {
+  zf_column_state s{};
+  const int64_t shape[2] = {m.cols, m.rows};
+  auto tensor = [&](void* data, zf_dtype dtype, int ndim, const int64_t* dims) {
+    zf_tensor t{};
+    t.data = data;
+    t.dtype = dtype;
+    t.device = zf_device{ZF_DEVICE_CPU, 0};
+    t.ndim = ndim;
+    int64_t stride = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      t.shape[d] = dims[d];
+      t.strides[d] = stride;
+      stride *= dims[d];
+    }
+    return t;
+  };
+  const int64_t empty[1] = {0};
+  s.master = with_master ? tensor(m.master.data(), ZF_DTYPE_F32, 2, shape) : tensor(nullptr, ZF_DTYPE_F32, 1, empty);
+  s.exp_avg = tensor(m.exp_avg.data(), ZF_DTYPE_F32, 2, shape);
+  s.exp_avg_sq = tensor(m.exp_avg_sq.data(), ZF_DTYPE_F32, 2, shape);
+  s.steps = tensor(m.steps.data(), ZF_DTYPE_I32, 1, shape);
+  return s;
+}
+
+// ---- checks ----
+
+void Engine::check_usable() const {
+  if (sticky_) throw Error(sticky_status_, sticky_message_);
+}
+
+void Engine::poll_host_lane() {
+  // A failure of a finished job surfaces at the next call (docs/design.md section 7).
+  for (auto& job : slot_jobs_) {
+    if (job && job->done()) wait_job(job, nullptr);
+  }
+  if (inflight_ && inflight_->done()) wait_job(inflight_, nullptr);
+  check_usable();
+}
+
+void Engine::wait_job(const std::shared_ptr<WorkJob>& job, double* stall) {
+  const auto start = Clock::now();
+  try {
+    job->wait();
+  } catch (const Error& e) {
+    sticky_ = true;
+    sticky_status_ = e.status();
+    sticky_message_ =
+        std::string("engine host lane failed (the engine refuses steps until it loads a state): ") + e.what();
+  } catch (const std::exception& e) {
+    sticky_ = true;
+    sticky_status_ = ZF_ERROR_INTERNAL;
+    sticky_message_ =
+        std::string("engine host lane failed (the engine refuses steps until it loads a state): ") + e.what();
+  }
+  if (stall != nullptr) *stall += seconds_since(start);
+  check_usable();
+}
+
+void Engine::check_grad(const zf_tensor& grad, size_t index) const {
+  const ArgName name("grads", index);
+  const Param& p = params_[index];
+  check_descriptor(&grad, name);
+  check_same_device(grad, name, p.tensor.device, ArgName("params", index));
+  require(grad.dtype == p.tensor.dtype, ZF_ERROR_INVALID_TYPE, name, ": dtype ", zf_dtype_name(grad.dtype),
+          " differs from the parameter's ", zf_dtype_name(p.tensor.dtype));
+  bool same_shape = grad.ndim == p.tensor.ndim;
+  for (int d = 0; same_shape && d < grad.ndim; ++d) same_shape = grad.shape[d] == p.tensor.shape[d];
+  require(same_shape, ZF_ERROR_INVALID_VALUE, name, ": shape differs from the parameter's");
+  check_contiguous(grad, name);
+}
+
+void Engine::check_lrs(const double* lrs, size_t lr_count) const {
+  if (lrs == nullptr) return;
+  require(lr_count == groups_.size(), ZF_ERROR_INVALID_VALUE, "lrs: ", lr_count, " values for ", groups_.size(),
+          " groups");
+  for (size_t g = 0; g < lr_count; ++g)
+    require(finite_at_least(lrs[g], 0.0), ZF_ERROR_INVALID_VALUE, "lrs[", g, "]: must be finite and >= 0");
+}
+
+}  // namespace zf

@@ -1,0 +1,165 @@
+// The engine's C ABI (zenflow/engine.h): argument checks and exception-to-status conversion.
+#include "zenflow/engine.h"
+
+#include "common/error.hpp"
+#include "engine/engine.hpp"
+
+struct zf_engine {
+  zf::Engine engine;
+  template <class... Args>
+  explicit zf_engine(Args&&... args) : engine(std::forward<Args>(args)...) {}
+};
+
+namespace {
+
+zf::Engine& get(zf_engine* e) {
+  zf::require(e != nullptr, ZF_ERROR_INVALID_VALUE, "engine: NULL");
+  return e->engine;
+}
+
+const zf::Engine& get(const zf_engine* e) {
+  zf::require(e != nullptr, ZF_ERROR_INVALID_VALUE, "engine: NULL");
+  return e->engine;
+}
+
+template <class T>
+void require_out(T* out, const char* name) {
+  zf::require(out != nullptr, ZF_ERROR_INVALID_VALUE, name, ": NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+ZF_API zf_engine_config zf_engine_config_default(void) {
+  zf_engine_config c{};
+  c.topk_ratio = 0.1;
+  c.select_strategy = ZF_SELECT_AUTO;
+  c.select_interval = 0;
+  c.steps_per_epoch = 0;
+  c.update_interval = 4;
+  c.full_warm_up_rounds = 0;
+  c.overlap_step = 1;
+  c.auto_ratio = 0.99;
+  c.pt_reserved_cores_perc = 0.5;
+  c.max_update_interval = 16;
+  c.master_weights = ZF_MASTER_FP32;
+  c.selection_score = ZF_SCORE_STEP;
+  c.max_grad_norm = 0.0;
+  c.beta1 = 0.9;
+  c.beta2 = 0.999;
+  c.eps = 1e-8;
+  c.loss_scaling = ZF_LOSS_SCALING_NONE;
+  c.initial_scale = 65536.0;
+  c.growth_factor = 2.0;
+  c.backoff_factor = 0.5;
+  c.growth_interval = 2000;
+  c.bucket_bytes = size_t{64} << 20;
+  c.staging_slots = 4;
+  c.compute_threads = 0;
+  c.host_threads = 0;
+  return c;
+}
+
+ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_groups, size_t param_count,
+                                  const zf_engine_group* groups, size_t group_count, const zf_engine_config* config,
+                                  zf_engine** out) {
+  return zf::api_call([&] {
+    require_out(out, "out");
+    require_out(config, "config");
+    *out = new zf_engine(params, param_groups, param_count, groups, group_count, *config);
+  });
+}
+
+ZF_API zf_status zf_engine_destroy(zf_engine* engine) {
+  return zf::api_call([&] { delete engine; });
+}
+
+ZF_API zf_status zf_engine_device_memory_size(const zf_engine* engine, size_t* bytes) {
+  return zf::api_call([&] {
+    const zf::Engine& e = get(engine);
+    require_out(bytes, "bytes");
+    *bytes = e.device_memory_bytes();
+  });
+}
+
+ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory, size_t bytes) {
+  return zf::api_call([&] { get(engine).attach_device_memory(memory, bytes); });
+}
+
+ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_t count, const double* lrs,
+                                size_t lr_count) {
+  return zf::api_call([&] { get(engine).step(grads, count, lrs, lr_count); });
+}
+
+ZF_API zf_status zf_engine_begin_step(zf_engine* engine, const double* lrs, size_t lr_count) {
+  return zf::api_call([&] { get(engine).begin_step(lrs, lr_count); });
+}
+
+ZF_API zf_status zf_engine_submit(zf_engine* engine, size_t first, const zf_tensor* grads, size_t count) {
+  return zf::api_call([&] { get(engine).submit(first, grads, count); });
+}
+
+ZF_API zf_status zf_engine_end_step(zf_engine* engine) {
+  return zf::api_call([&] { get(engine).end_step(); });
+}
+
+ZF_API zf_status zf_engine_flush(zf_engine* engine) {
+  return zf::api_call([&] { get(engine).flush(); });
+}
+
+ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats) {
+  return zf::api_call([&] {
+    const zf::Engine& e = get(engine);
+    require_out(stats, "stats");
+    *stats = e.stats();
+  });
+}
+
+ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scale) {
+  return zf::api_call([&] {
+    const zf::Engine& e = get(engine);
+    require_out(loss_scale, "loss_scale");
+    *loss_scale = e.loss_scale();
+  });
+}
+
+ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state_entry* entries, size_t* count) {
+  return zf::api_call([&] {
+    const zf::Engine& e = get(engine);
+    require_out(count, "count");
+    const std::vector<zf_engine_state_entry> layout = e.state_layout();
+    if (entries != nullptr) {
+      zf::require(*count >= layout.size(), ZF_ERROR_INVALID_VALUE, "count: ", *count, " < the ", layout.size(),
+                  " entries of the state");
+      std::copy(layout.begin(), layout.end(), entries);
+    }
+    *count = layout.size();
+  });
+}
+
+ZF_API zf_status zf_engine_save_state(zf_engine* engine, const zf_tensor* buffers, size_t count, int64_t* counters,
+                                      double* loss_scale) {
+  return zf::api_call([&] { get(engine).save_state(buffers, count, counters, loss_scale); });
+}
+
+ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffers, size_t count,
+                                      const int64_t* counters, double loss_scale) {
+  return zf::api_call([&] { get(engine).load_state(buffers, count, counters, loss_scale); });
+}
+
+}  // extern "C"
+
+#include "engine/testing.hpp"
+
+namespace zf {
+namespace testing {
+
+void inject_host_lane_fault(zf_engine* engine, const char* message) {
+  engine->engine.inject_host_lane_fault_for_testing(message);
+}
+int compute_lane_threads(const zf_engine* engine) { return engine->engine.compute_threads(); }
+int host_lane_threads(const zf_engine* engine) { return engine->engine.host_threads(); }
+
+}  // namespace testing
+}  // namespace zf

@@ -1,0 +1,54 @@
+#include "engine/host_lane.hpp"
+
+#include <chrono>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace zf {
+
+HostLane::HostLane(int threads)
+    : threads_(threads), queue_(std::make_unique<WorkQueue>(std::make_shared<ThreadPool>(threads))) {}
+
+HostLane::~HostLane() { queue_.reset(); }
+
+void HostLane::inject_fault_for_testing(const std::string& message) {
+  std::lock_guard<std::mutex> lock(fault_mutex_);
+  fault_message_ = message;
+  fault_armed_.store(true, std::memory_order_release);
+}
+
+void HostLane::raise_injected_fault() {
+  if (!fault_armed_.load(std::memory_order_acquire)) return;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(fault_mutex_);
+    if (!fault_armed_.exchange(false)) return;
+    message = fault_message_;
+  }
+  throw Error(ZF_ERROR_INTERNAL, message);
+}
+
+WorkQueue::Chunk HostLane::timed(WorkQueue::Chunk chunk, std::atomic<int64_t>* counter) {
+  return [this, chunk = std::move(chunk), counter](ThreadPool& pool) {
+    raise_injected_fault();
+    const auto start = std::chrono::steady_clock::now();
+    chunk(pool);
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    counter->fetch_add(ns, std::memory_order_relaxed);
+  };
+}
+
+std::shared_ptr<WorkJob> HostLane::submit_accumulate(WorkQueue::Chunk chunk) {
+  std::vector<WorkQueue::Chunk> chunks;
+  chunks.push_back(timed(std::move(chunk), &accumulate_ns_));
+  return queue_->submit(WorkQueue::Priority::kHigh, std::move(chunks));
+}
+
+std::shared_ptr<WorkJob> HostLane::submit_update(std::vector<WorkQueue::Chunk> chunks) {
+  for (auto& chunk : chunks) chunk = timed(std::move(chunk), &update_ns_);
+  return queue_->submit(WorkQueue::Priority::kLow, std::move(chunks));
+}
+
+}  // namespace zf

@@ -1,0 +1,52 @@
+// The host lane (docs/design.md section 7): one engine thread (a WorkQueue's driver) that runs
+// the host side of the pipeline on a pool of the engine's own, never the process-wide pool
+// and never the compute lane's. Accumulates of staging slots are high-priority jobs; a
+// window update is a low-priority job cut into chunks (one matrix each), so an accumulate
+// waits at most for the chunk in progress, never for a whole update.
+//
+// Completion of a job is its WorkJob flag (the host backend's "event"); an exception in a
+// job is stored there and rethrown by WorkJob::wait() on the training thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.hpp"
+
+namespace zf {
+
+class HostLane {
+ public:
+  explicit HostLane(int threads);
+  // Drops queued jobs (their wait() throws), lets the running chunk finish, joins the thread.
+  ~HostLane();
+  HostLane(const HostLane&) = delete;
+  HostLane& operator=(const HostLane&) = delete;
+
+  std::shared_ptr<WorkJob> submit_accumulate(WorkQueue::Chunk chunk);
+  std::shared_ptr<WorkJob> submit_update(std::vector<WorkQueue::Chunk> chunks);
+
+  double accumulate_seconds() const { return accumulate_ns_.load(std::memory_order_relaxed) * 1e-9; }
+  double update_seconds() const { return update_ns_.load(std::memory_order_relaxed) * 1e-9; }
+  int threads() const { return threads_; }
+
+  // Testing: the next chunk to start throws zf::Error(ZF_ERROR_INTERNAL, message).
+  void inject_fault_for_testing(const std::string& message);
+
+ private:
+  WorkQueue::Chunk timed(WorkQueue::Chunk chunk, std::atomic<int64_t>* counter);
+  void raise_injected_fault();
+
+  int threads_;
+  std::atomic<int64_t> accumulate_ns_{0};
+  std::atomic<int64_t> update_ns_{0};
+  std::atomic<bool> fault_armed_{false};
+  std::mutex fault_mutex_;  // guards fault_message_ (testing only; never taken unless armed)
+  std::string fault_message_;
+  std::unique_ptr<WorkQueue> queue_;  // last: destroyed (joined) first
+};
+
+}  // namespace zf

@@ -1,0 +1,94 @@
+#include "engine/schedule.hpp"
+
+#include <limits>
+
+#include "common/error.hpp"
+
+namespace zf {
+
+Schedule::Schedule(const ScheduleConfig& config) : config_(config) {}
+
+int64_t Schedule::select_period() const {
+  const int64_t never = std::numeric_limits<int64_t>::max();
+  switch (config_.strategy) {
+    case ZF_SELECT_STEP:
+      if (config_.select_interval > 0) return config_.select_interval;
+      break;
+    case ZF_SELECT_EPOCH:
+      return (config_.select_interval > 0 ? config_.select_interval : 1) * config_.steps_per_epoch;
+    case ZF_SELECT_AUTO:
+      break;
+  }
+  return config_.steps_per_epoch > 0 ? config_.steps_per_epoch : never;
+}
+
+Schedule::StepKind Schedule::begin_step() {
+  ++step_;
+  if (step_ <= config_.warm_up_rounds) return StepKind{true, true, false};
+  StepKind kind{false, window_steps_ == 0, false};
+  if (kind.window_start) ++window_;
+  kind.select = force_selection_ || (kind.window_start && (selections_ == 0 || since_selection_ >= select_period()));
+  if (kind.select) {
+    since_selection_ = 0;
+    ++selections_;
+    force_selection_ = false;
+  }
+  ++since_selection_;
+  ++window_steps_;
+  return kind;
+}
+
+bool Schedule::end_step(int64_t due_matrices, int64_t counted_matrices) {
+  if (step_ <= config_.warm_up_rounds) return true;
+  bool close;
+  if (config_.update_interval > 0) {
+    close = window_steps_ >= config_.update_interval;
+  } else {
+    close = window_steps_ >= config_.max_update_interval ||
+            (counted_matrices > 0 &&
+             static_cast<double>(due_matrices) / static_cast<double>(counted_matrices) >= config_.auto_ratio);
+  }
+  if (close) {
+    window_steps_ = 0;
+    has_previous_window_ = true;
+  }
+  return close;
+}
+
+bool Schedule::matrix_due(const MatrixEnergy& e, int64_t steps_in_window) {
+  if (!counted(e) || steps_in_window <= 0) return false;
+  const double selected = e.selected_sum / (static_cast<double>(e.k) * static_cast<double>(steps_in_window));
+  const double deferred = e.deferred_sum / static_cast<double>(e.n - e.k);
+  return deferred >= selected;
+}
+
+void Schedule::save(int64_t* c) const {
+  c[ZF_COUNTER_STEP] = step_;
+  c[ZF_COUNTER_WINDOW] = window_;
+  c[ZF_COUNTER_WINDOW_STEPS] = window_steps_;
+  c[ZF_COUNTER_SINCE_SELECTION] = since_selection_;
+  c[ZF_COUNTER_SELECTIONS] = selections_;
+  c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] = has_previous_window_ ? 1 : 0;
+}
+
+void Schedule::check(const int64_t* c) const {
+  for (int i = ZF_COUNTER_STEP; i <= ZF_COUNTER_HAS_PREVIOUS_WINDOW; ++i)
+    require(c[i] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", i, "]: negative (", c[i], ")");
+  require(c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] <= 1, ZF_ERROR_INVALID_VALUE, "counters[",
+          int{ZF_COUNTER_HAS_PREVIOUS_WINDOW}, "]: not 0 or 1");
+  const int64_t bound = config_.update_interval > 0 ? config_.update_interval : config_.max_update_interval;
+  require(c[ZF_COUNTER_WINDOW_STEPS] < bound, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_WINDOW_STEPS},
+          "]: ", c[ZF_COUNTER_WINDOW_STEPS], " steps in the open window, this engine's windows close at ", bound);
+}
+
+void Schedule::load(const int64_t* c) {
+  step_ = c[ZF_COUNTER_STEP];
+  window_ = c[ZF_COUNTER_WINDOW];
+  window_steps_ = c[ZF_COUNTER_WINDOW_STEPS];
+  since_selection_ = c[ZF_COUNTER_SINCE_SELECTION];
+  selections_ = c[ZF_COUNTER_SELECTIONS];
+  has_previous_window_ = c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] != 0;
+  force_selection_ = false;
+}
+
+}  // namespace zf

@@ -1,0 +1,99 @@
+// The engine's schedule (docs/design.md section 3): which steps are warm-up, where windows
+// start and close, and which window starts re-select. Pure bookkeeping, no tensors, so every
+// rule is unit-tested on its own (tests/cpp/test_engine_schedule.cpp).
+//
+// Steps t = 1, 2, ... count only steps that were not skipped. Steps 1..W0 are warm-up: each
+// is a window of its own, closed (synchronously) after its step, with nothing selected.
+// After warm-up, windows follow one another:
+//   * fixed update_interval S: every window has S steps;
+//   * update_interval "auto" (0): the window closes after a step when
+//       due / counted >= auto_ratio   (counted > 0), or
+//       steps in the window == max_update_interval   (always the bound),
+//     where, per matrix with 0 < k < n, over the steps of the window so far,
+//       E_sel = selected_sum / (k * steps),  E_def = deferred_sum / (n - k),
+//     selected_sum / deferred_sum being the column sums of squares c of the raw gradients
+//     summed over the selected / deferred columns and over those steps; the matrix is due
+//     when E_def >= E_sel (matrix_due below). Matrices with k == 0 or k == n are not counted.
+// Selection happens at the first step of window 1 and at the first step of every later
+// window for which steps_since_selection >= period (so with fixed S a "step" interval is
+// rounded up to whole windows), where period is
+//   * STEP:  select_interval (select_interval "auto" = 0: as AUTO);
+//   * EPOCH: select_interval (0 counts as 1) * steps_per_epoch;
+//   * AUTO:  steps_per_epoch when known (> 0), else never again after window 1.
+// A selection can also be forced (after loading a state whose selection does not fit): it
+// then happens at the next step, window start or not.
+#pragma once
+
+#include <cstdint>
+
+#include "zenflow/engine.h"
+
+namespace zf {
+
+struct ScheduleConfig {
+  int64_t warm_up_rounds = 0;
+  int64_t update_interval = 4;  // 0: auto
+  int64_t max_update_interval = 16;
+  double auto_ratio = 0.99;
+  zf_select_strategy strategy = ZF_SELECT_AUTO;
+  int64_t select_interval = 0;  // 0: auto
+  int64_t steps_per_epoch = 0;
+};
+
+// One matrix's window sums for the auto rule.
+struct MatrixEnergy {
+  double selected_sum;
+  double deferred_sum;
+  int64_t k;
+  int64_t n;
+};
+
+class Schedule {
+ public:
+  explicit Schedule(const ScheduleConfig& config);
+
+  struct StepKind {
+    bool warm_up;       // a plain synchronous step, nothing selected
+    bool window_start;  // first step of a window
+    bool select;        // select (after a flush) before this step's update
+  };
+  // Called once per step that is not skipped, before its work.
+  StepKind begin_step();
+  // Called after the step's work: true when the window closes after this step. due and
+  // counted are the auto rule's counts (ignored with a fixed interval).
+  bool end_step(int64_t due_matrices, int64_t counted_matrices);
+
+  // The auto rule for one matrix (the header comment); false for a matrix not counted.
+  static bool matrix_due(const MatrixEnergy& energy, int64_t steps_in_window);
+  static bool counted(const MatrixEnergy& energy) { return energy.k > 0 && energy.k < energy.n; }
+
+  void force_selection() { force_selection_ = true; }
+  bool auto_interval() const { return config_.update_interval == 0; }
+  // Steps between selections; INT64_MAX for "never again".
+  int64_t select_period() const;
+
+  int64_t step() const { return step_; }
+  int64_t window() const { return window_; }
+  int64_t window_steps() const { return window_steps_; }
+  int64_t since_selection() const { return since_selection_; }
+  int64_t selections() const { return selections_; }
+  bool has_previous_window() const { return has_previous_window_; }
+
+  // Checkpoint: the counters above, in the order of ZF_COUNTER_STEP .. HAS_PREVIOUS_WINDOW.
+  void save(int64_t* counters) const;
+  // Throws zf::Error (INVALID_VALUE) on an inconsistent set, changing nothing.
+  void check(const int64_t* counters) const;
+  void load(const int64_t* counters);
+
+ private:
+  ScheduleConfig config_;
+  int64_t step_ = 0;
+  int64_t window_ = 0;
+  int64_t window_steps_ = 0;
+  int64_t since_selection_ = 0;
+  int64_t selections_ = 0;
+  bool has_previous_window_ = false;
+  bool force_selection_ = false;
+};
+
+}  // namespace zf

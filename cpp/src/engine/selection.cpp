@@ -1,0 +1,197 @@
+// Selection (docs/design.md sections 2 and 3): top-k of the column scores, then the lossless
+// exchange -- only the columns whose status changes move, with their fp32 master, moments
+// and step count -- and the plans of the new selection.
+#include <algorithm>
+#include <numeric>
+
+#include "common/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/host_backend.hpp"
+#include "zenflow/cpu_adamw.h"
+
+namespace zf {
+namespace {
+
+zf_tensor host_tensor(const void* data, zf_dtype dtype, std::initializer_list<int64_t> shape) {
+  zf_tensor t{};
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.device = zf_device{ZF_DEVICE_CPU, 0};
+  t.ndim = static_cast<int32_t>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) t.shape[d++] = s;
+  int64_t stride = 1;
+  for (d = t.ndim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+void check_call(zf_status status, const char* what) {
+  if (status != ZF_SUCCESS) fail(status, what, ": ", zf_last_error());
+}
+
+// Columns of `a` not in `b` (both ascending).
+std::vector<int32_t> difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  std::vector<int32_t> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+// A column list in the packed host layout [count, rows], with its own storage.
+struct ColumnList {
+  std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<int32_t> steps;
+  ColumnList(int64_t count, int64_t rows)
+      : master(static_cast<size_t>(count * rows)),
+        exp_avg(master.size()),
+        exp_avg_sq(master.size()),
+        steps(static_cast<size_t>(count)) {}
+  zf_column_state state(int64_t count, int64_t rows, bool with_master) {
+    return zf_column_state{
+        with_master ? host_tensor(master.data(), ZF_DTYPE_F32, {count, rows}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
+        host_tensor(exp_avg.data(), ZF_DTYPE_F32, {count, rows}),
+        host_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, {count, rows}), host_tensor(steps.data(), ZF_DTYPE_I32, {count})};
+  }
+};
+
+}  // namespace
+
+void Engine::select_columns() {
+  flush_internal();  // the hand-over is exact only with nothing in flight
+  std::vector<std::vector<int32_t>> next(matrices_.size());
+  std::vector<TopkVector> vectors;
+  std::vector<const float*> scores;
+  std::vector<int32_t*> outputs;
+  const bool window_score = config_.selection_score == ZF_SCORE_WINDOW && schedule_.has_previous_window();
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    Matrix& m = matrices_[i];
+    if (m.k == m.cols) {
+      next[i].resize(static_cast<size_t>(m.cols));
+      std::iota(next[i].begin(), next[i].end(), 0);
+    } else if (m.k > 0) {
+      next[i].resize(static_cast<size_t>(m.k));
+      vectors.push_back(TopkVector{m.cols, m.k});
+      scores.push_back(window_score ? m.window_score.data() : m.col_sq.data());
+      outputs.push_back(next[i].data());
+    }
+  }
+  if (!vectors.empty()) backend_->select_topk(SelectTopkPlan(vectors), scores.data(), outputs.data());
+  if (schedule_.selections() > 1) ++reselections_;
+  for (size_t i = 0; i < matrices_.size(); ++i) {
+    if (next[i] != matrices_[i].selected) exchange_columns(matrices_[i], next[i]);
+  }
+  rebuild_plans();
+}
+
+void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
+  const std::vector<int32_t>& old = m.selected;
+  const std::vector<int32_t> entering = difference(next, old), leaving = difference(old, next);
+  const auto rows = m.rows, k_old = static_cast<int64_t>(old.size()), k_new = static_cast<int64_t>(next.size());
+  const auto n_enter = static_cast<int64_t>(entering.size()), n_leave = static_cast<int64_t>(leaving.size());
+  // Entering columns: their host state, gathered into a list.
+  ColumnList enter_list(n_enter, rows), leave_list(n_leave, rows);
+  zf_column_state enter_state = enter_list.state(n_enter, rows, m.has_master);
+  const zf_tensor entering_t = host_tensor(entering.data(), ZF_DTYPE_I32, {n_enter});
+  if (n_enter > 0) {
+    const zf_column_state host = host_state(m, m.has_master);
+    check_call(zf_cpu_gather_columns(&host, &entering_t, 1, &enter_state), "selection: gather of entering columns");
+  }
+  // The device side, out of place into the scratch, then back into the matrix's region
+  // (the region and the scratch share one relative layout: master?, exp_avg, exp_avg_sq, steps).
+  const size_t floats = (static_cast<size_t>(rows * m.k) * 4 + 255) / 256 * 256;
+  const size_t region = m.has_master ? m.dev_master : m.dev_exp_avg;
+  auto compact = [&](size_t base, int64_t k) {
+    uint8_t* at = device_ + base;
+    const size_t first = m.has_master ? floats : 0;
+    return zf_column_state{
+        m.has_master ? host_tensor(at, ZF_DTYPE_F32, {rows, k}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
+        host_tensor(at + first, ZF_DTYPE_F32, {rows, k}), host_tensor(at + first + floats, ZF_DTYPE_F32, {rows, k}),
+        host_tensor(at + first + 2 * floats, ZF_DTYPE_I32, {k})};
+  };
+  const zf_column_state old_state = compact(region, k_old), new_state = compact(scratch_offset_, k_new);
+  const zf_column_state leave_state = leave_list.state(n_leave, rows, m.has_master);
+  backend_->exchange(host_tensor(old.data(), ZF_DTYPE_I32, {k_old}), host_tensor(next.data(), ZF_DTYPE_I32, {k_new}),
+                     old_state, new_state, enter_state, leave_state);
+  backend_->copy_device(device_ + region, device_ + scratch_offset_, m.compact_bytes);
+  // Leaving columns: their state goes to the host. Without a device master the weights are
+  // the master: W[:, leaving] in fp32 (a pack of everything but the leaving columns).
+  if (n_leave > 0) {
+    if (!m.has_master) {
+      std::vector<int32_t> all(static_cast<size_t>(m.cols));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<int32_t> others = difference(all, leaving);
+      PackedLayout layout;
+      layout.add(rows, m.cols, static_cast<int64_t>(others.size()));
+      PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
+      void* param = params_[m.param].tensor.data;
+      const int32_t* selected = others.data();
+      plan.run(static_cast<HostBackend&>(*backend_).pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
+    }
+    const zf_column_state leave_full = leave_list.state(n_leave, rows, true);
+    const zf_column_state host = host_state(m, true);
+    const zf_tensor leaving_t = host_tensor(leaving.data(), ZF_DTYPE_I32, {n_leave});
+    check_call(zf_cpu_scatter_columns(&leave_full, &leaving_t, 1, &host), "selection: scatter of leaving columns");
+  }
+  m.selected = next;
+}
+
+void Engine::rebuild_plans() {
+  std::vector<AdamwSelectedMatrix> device;
+  device_plan_params_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (p.matrix) {
+      const Matrix& m = matrices_[p.index];
+      if (m.selected.empty()) continue;
+      device.push_back(AdamwSelectedMatrix{m.rows, m.cols, static_cast<int64_t>(m.selected.size()), p.tensor.dtype,
+                                           p.tensor.dtype, m.has_master});
+    } else {
+      // A dense parameter as one column [numel, 1]: all its elements share one step count,
+      // so the step's scalars are computed once, not once per column.
+      device.push_back(AdamwSelectedMatrix{p.numel, 1, 1, p.tensor.dtype, p.tensor.dtype, dense_[p.index].has_master});
+    }
+    device_plan_params_.push_back(i);
+  }
+  device_plan_ = std::make_unique<AdamwSelectedPlan>(std::move(device), hparams_);
+  for (Bucket& b : buckets_) {
+    PackedLayout layout;
+    std::vector<zf_dtype> dtypes;
+    const size_t count = b.last - b.first;
+    b.selected_tensors.clear();
+    b.selected_ptrs.clear();
+    b.acc_tensors[0].clear();
+    b.acc_tensors[1].clear();
+    for (size_t i = b.first; i < b.last; ++i) {
+      Matrix& m = matrices_[i];
+      const auto k = static_cast<int64_t>(m.selected.size());
+      layout.add(m.rows, m.cols, k);
+      dtypes.push_back(b.dtype);
+      b.selected_tensors.push_back(host_tensor(m.selected.data(), ZF_DTYPE_I32, {k}));
+      b.selected_ptrs.push_back(k > 0 ? m.selected.data() : nullptr);
+      for (int a = 0; a < 2; ++a)
+        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.cols, m.rows}));
+    }
+    const size_t element = zf_dtype_size(b.dtype);
+    b.packed_bytes = static_cast<size_t>(layout.total()) * element;
+    for (size_t i = b.first; i < b.last; ++i) {
+      Matrix& m = matrices_[i];
+      const PackedMatrix& placed = layout[i - b.first];
+      m.upload_offset = b.upload_offset + static_cast<size_t>(placed.offset) * element;
+      if (placed.unselected() == 0) continue;
+      const zf_column_state state = host_state(m, true);
+      zf_tensor grad = state.exp_avg;
+      grad.data = m.acc[0].data();
+      const zf_tensor out = host_tensor(upload_.data() + m.upload_offset, b.dtype, {placed.elements()});
+      m.update_plan.build(&state, &b.selected_tensors[i - b.first], 1, &grad, nullptr, &out);
+    }
+    const zf_tensor packed = host_tensor(host_slots_.data() + kSlotHeaderBytes, b.dtype, {layout.total()});
+    b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
+    b.pack = std::make_unique<PackPlan>(std::move(layout), std::move(dtypes), b.dtype);
+    b.grad_ptrs.assign(count, nullptr);
+    b.param_ptrs.assign(count, nullptr);
+  }
+}
+
+}  // namespace zf

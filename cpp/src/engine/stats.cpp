@@ -1,0 +1,33 @@
+// stats(): counters of the engine and its lanes (zf_engine_stats in zenflow/engine.h).
+#include "engine/engine.hpp"
+
+namespace zf {
+
+zf_engine_stats Engine::stats() const {
+  zf_engine_stats s{};
+  s.steps = schedule_.step();
+  s.windows = windows_;
+  s.reselections = reselections_;
+  s.skipped_steps = skipped_steps_;
+  s.last_global_norm = last_norm_;
+  s.stall_seconds_window_close = stall_close_;
+  s.stall_seconds_back_pressure = stall_back_pressure_;
+  s.stall_seconds_flush = stall_flush_;
+  s.host_update_seconds = lane_->update_seconds();
+  s.accumulate_seconds = lane_->accumulate_seconds();
+  s.bytes_down = bytes_down_;
+  s.bytes_up = bytes_up_;
+  int64_t selected = 0, columns = 0, host_bytes = 0;
+  for (const Matrix& m : matrices_) {
+    selected += static_cast<int64_t>(m.selected.size());
+    columns += m.cols;
+    // master, m, v, two accumulators (fp32) and the step counts
+    host_bytes += 5 * 4 * m.rows * m.cols + 4 * m.cols;
+  }
+  s.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
+  s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
+  s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_.size() + host_slots_.size());
+  return s;
+}
+
+}  // namespace zf

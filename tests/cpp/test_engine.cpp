@@ -1,0 +1,395 @@
+// The engine on the host backend against a float64 reference and plain AdamW: the exact cases,
+// staleness, lossless re-selection, clipping, loss scaling, determinism, stats.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+#include "test_engine_util.hpp"
+
+namespace {
+
+using namespace zf_engine_test;
+
+// ---- against the float64 reference of the whole algorithm ----
+
+using Sweep = std::tuple<double, int64_t, bool, int64_t>;  // topk, S, overlap, warm-up
+
+class EngineVsReference : public ::testing::TestWithParam<Sweep> {};
+
+TEST_P(EngineVsReference, WeightsAfterEveryStep) {
+  RefConfig rc;
+  std::tie(rc.topk_ratio, rc.update_interval, rc.overlap, rc.warm_up) = GetParam();
+  rc.select_interval = 5;  // re-selections with changing top columns
+  rc.max_grad_norm = 6.0;  // clips most steps
+  Model model = standard_model();
+  Reference ref(model, rc);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, engine_config(rc));
+  for (int64_t t = 1; t <= 14; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t, true, 3);
+    const std::vector<double> lrs = step_lrs(model, t);
+    engine.step(tensors_of(grads), lrs);
+    ref.step(grads, lrs);
+    ASSERT_LE(worst_error(model, ref, 2e-6, 2e-5), 1.0) << "step " << t;
+  }
+  engine.flush();
+  ref.flush();
+  EXPECT_LE(worst_error(model, ref, 2e-6, 2e-5), 1.0) << "after flush";
+  EXPECT_GT(engine.stats().steps, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, EngineVsReference,
+                         ::testing::Combine(::testing::Values(0.0, 0.3, 1.0), ::testing::Values<int64_t>(1, 3),
+                                            ::testing::Bool(), ::testing::Values<int64_t>(0, 2)));
+
+TEST(Engine, Bf16WithFp32MasterFollowsTheReference) {
+  RefConfig rc;
+  rc.topk_ratio = 0.3;
+  rc.update_interval = 2;
+  rc.select_interval = 4;
+  Model model = standard_model(ZF_DTYPE_BF16, 3);
+  Reference ref(model, rc);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, engine_config(rc));
+  for (int64_t t = 1; t <= 12; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t, true, 2);
+    engine.step(tensors_of(grads), step_lrs(model, t));
+    ref.step(grads, step_lrs(model, t));
+  }
+  engine.flush();
+  ref.flush();
+  // The weights are the fp32 masters rounded: within one bf16 ulp of the reference.
+  EXPECT_LE(worst_error(model, ref, 1e-6, 1.0 / 128), 1.0);
+  // The masters themselves are exact to fp32 rounding: the state carries them, unrounded.
+  zenflow::EngineState state = engine.save_state();
+  double worst = 0.0;
+  size_t entry = 0;
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    const float* master = static_cast<const float*>(state.data(entry));
+    const std::vector<double>& want = ref.master(i);
+    for (size_t e = 0; e < want.size(); ++e)
+      worst = std::max(worst, std::fabs(master[e] - want[e]) / (2e-6 + 2e-5 * std::fabs(want[e])));
+    entry += model.matrix(i) ? 7 : 4;
+  }
+  EXPECT_LE(worst, 1.0);
+  EXPECT_GT(engine.stats().reselections, 0);
+}
+
+// ---- the exact cases, against plain AdamW (float64 loop) ----
+
+std::vector<std::vector<double>> plain_adamw(const Model& start, int64_t steps) {
+  std::vector<std::vector<double>> p, m, v;
+  for (const auto& t : start.params) {
+    p.push_back(t.values());
+    m.emplace_back(p.back().size(), 0.0);
+    v.emplace_back(p.back().size(), 0.0);
+  }
+  for (int64_t t = 1; t <= steps; ++t) {
+    const std::vector<HostTensor> grads = make_grads(start, t);
+    const std::vector<double> lrs = step_lrs(start, t);
+    const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.999, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double lr = lrs[start.param_groups[i]], wd = start.groups[start.param_groups[i]].weight_decay;
+      for (size_t e = 0; e < p[i].size(); ++e) {
+        const double g = grads[i].get(static_cast<int64_t>(e));
+        m[i][e] = 0.9 * m[i][e] + 0.1 * g;
+        v[i][e] = 0.999 * v[i][e] + 0.001 * g * g;
+        p[i][e] = p[i][e] * (1 - lr * wd) - lr * (m[i][e] / bc1) / (std::sqrt(v[i][e] / bc2) + 1e-8);
+      }
+    }
+  }
+  return p;
+}
+
+void expect_plain_adamw(zf_engine_config config, int64_t steps) {
+  Model model = standard_model();
+  const std::vector<std::vector<double>> want = plain_adamw(model, steps);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, config);
+  for (int64_t t = 1; t <= steps; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t);
+    engine.step(tensors_of(grads), step_lrs(model, t));
+  }
+  engine.flush();
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    const std::vector<double> got = model.params[i].values();
+    for (size_t e = 0; e < got.size(); ++e)
+      ASSERT_NEAR(got[e], want[i][e], 2e-6 + 2e-5 * std::fabs(want[i][e])) << "param " << i << " element " << e;
+  }
+}
+
+TEST(EngineExact, TopkRatioOneIsPlainAdamW) {
+  zf_engine_config c = test_config();
+  c.topk_ratio = 1.0;
+  expect_plain_adamw(c, 9);
+}
+
+TEST(EngineExact, AllOnTheHostEveryStepIsPlainAdamW) {
+  zf_engine_config c = test_config();
+  c.topk_ratio = 0.0;
+  c.update_interval = 1;
+  c.overlap_step = 0;
+  expect_plain_adamw(c, 9);
+}
+
+TEST(EngineExact, WarmUpCoveringEveryStepIsPlainAdamW) {
+  zf_engine_config c = test_config();
+  c.full_warm_up_rounds = 9;
+  expect_plain_adamw(c, 9);
+}
+
+// ---- staleness, shown directly ----
+
+// One matrix, every column deferred. The reference states after j windows are computed
+// with overlap off (each window applied at once); the engine's weights after step t must
+// be the state after exactly expected(t) windows.
+void check_staleness(bool overlap) {
+  Model model;
+  model.groups = {zf_engine_group{0.05, 0.0, 0}};
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{3, 4});
+  model.param_groups = {0};
+  for (int64_t e = 0; e < 12; ++e) model.params[0].set(e, 0.1f * static_cast<float>(e));
+  const int64_t S = 2, steps = 10;
+  RefConfig rc;
+  rc.topk_ratio = 0.0;
+  rc.update_interval = S;
+  rc.overlap = false;
+  // states[j]: the weights after j windows
+  std::vector<std::vector<double>> states = {model.params[0].values()};
+  {
+    Model copy = model;
+    Reference ref(copy, rc);
+    for (int64_t t = 1; t <= steps; ++t) {
+      ref.step(make_grads(copy, t), {0.05});
+      if (t % S == 0) states.push_back(ref.weights(0));
+    }
+  }
+  zf_engine_config c = test_config();
+  c.topk_ratio = 0.0;
+  c.update_interval = S;
+  c.overlap_step = overlap ? 1 : 0;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  for (int64_t t = 1; t <= steps; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t);
+    engine.step(tensors_of(grads), {0.05});
+    // Windows closed so far: t / S. Overlap off: all of them are applied. Overlap on: the
+    // last one is still in flight (applied at the next close), so during window w + 2 the
+    // weights hold every gradient up to the end of window w.
+    const int64_t closed = t / S;
+    const int64_t applied = overlap ? std::max<int64_t>(0, closed - 1) : closed;
+    const std::vector<double> got = model.params[0].values();
+    for (size_t j = 0; j < states.size(); ++j) {
+      bool equal = true;
+      for (size_t e = 0; e < got.size(); ++e) equal = equal && std::fabs(got[e] - states[j][e]) < 1e-5;
+      EXPECT_EQ(equal, static_cast<int64_t>(j) == applied) << "step " << t << ": state after " << j << " windows";
+    }
+  }
+}
+
+TEST(EngineStaleness, OverlapOnDefersEachWindowByOneWindow) { check_staleness(true); }
+TEST(EngineStaleness, OverlapOffAppliesEachWindowAtItsClose) { check_staleness(false); }
+
+// ---- clipping and loss scaling ----
+
+TEST(Engine, GlobalNormIsReportedAndClipsEveryGradient) {
+  Model model = standard_model();
+  zf_engine_config c = test_config();
+  c.max_grad_norm = 1.0;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  double total = 0.0;
+  for (const auto& g : grads)
+    for (int64_t e = 0; e < g.numel(); ++e) total += g.get(e) * g.get(e);
+  engine.step(tensors_of(grads));
+  EXPECT_NEAR(engine.stats().last_global_norm, std::sqrt(total), 1e-5 * std::sqrt(total));
+}
+
+TEST(Engine, DynamicLossScalingSkipsOverflowStepsEverywhere) {
+  // fp16 parameters; the same trajectory with and without an overflow step in the middle.
+  auto run = [](bool overflow, double* final_scale, int64_t* skipped) {
+    Model model = standard_model(ZF_DTYPE_F16, 5);
+    zf_engine_config c = test_config();
+    c.loss_scaling = ZF_LOSS_SCALING_DYNAMIC;
+    c.initial_scale = 8.0;
+    c.growth_interval = 3;
+    c.update_interval = 2;
+    c.topk_ratio = 0.3;
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+    int64_t good = 0;
+    for (int64_t call = 1; good < 8; ++call) {
+      const double scale = engine.loss_scale();
+      std::vector<HostTensor> grads = make_grads(model, good + 1);
+      for (auto& g : grads)
+        for (int64_t e = 0; e < g.numel(); ++e) g.set(e, static_cast<float>(g.get(e) * scale));
+      const bool bad = overflow && call == 4;
+      if (bad) grads[1].set(3, INFINITY);
+      const std::vector<Model> before = {model};
+      engine.step(tensors_of(grads));
+      if (bad) {
+        for (size_t i = 0; i < model.params.size(); ++i)
+          EXPECT_TRUE(model.params[i].bitwise_equal(before[0].params[i])) << "overflow step wrote param " << i;
+        EXPECT_EQ(engine.loss_scale(), scale * 0.5);
+      } else {
+        ++good;
+      }
+    }
+    engine.flush();
+    *final_scale = engine.loss_scale();
+    *skipped = engine.stats().skipped_steps;
+    return model;
+  };
+  double scale_clean = 0, scale_overflow = 0;
+  int64_t skipped_clean = 0, skipped_overflow = 0;
+  const Model clean = run(false, &scale_clean, &skipped_clean);
+  const Model with_overflow = run(true, &scale_overflow, &skipped_overflow);
+  EXPECT_EQ(skipped_clean, 0);
+  EXPECT_EQ(skipped_overflow, 1);
+  EXPECT_EQ(scale_clean, 8.0 * 2 * 2);  // 8 good steps, growth every 3
+  // after the overflow (at the 4th call): 8 -> 16 (3 good) -> 8 (overflow) -> 16 (3 more) -> ...
+  EXPECT_EQ(scale_overflow, 16.0);
+  // Power-of-two scales unscale exactly: the skipped step left no trace at all.
+  for (size_t i = 0; i < clean.params.size(); ++i)
+    EXPECT_TRUE(clean.params[i].bitwise_equal(with_overflow.params[i])) << "param " << i;
+}
+
+// ---- determinism ----
+
+std::vector<HostTensor> determinism_run(int compute_threads, int host_threads, int split_parts) {
+  Model model = standard_model(ZF_DTYPE_BF16, 11);
+  zf_engine_config c = test_config();
+  c.compute_threads = compute_threads;
+  c.host_threads = host_threads;
+  c.topk_ratio = 0.3;
+  c.update_interval = 3;
+  c.select_strategy = ZF_SELECT_STEP;
+  c.select_interval = 4;
+  c.max_grad_norm = 5.0;
+  c.bucket_bytes = 100;  // several buckets through a ring of two slots
+  c.staging_slots = 2;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  for (int64_t t = 1; t <= 13; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t, true, 3);
+    std::vector<zf_tensor> g = tensors_of(grads);
+    if (split_parts == 0) {
+      engine.step(g, step_lrs(model, t));
+    } else {
+      engine.begin_step(step_lrs(model, t));
+      // submit in reverse order of ranges, as a backward pass would
+      std::vector<size_t> cuts = {0, 2, 3, g.size()};
+      for (size_t part = cuts.size() - 1; part > 0; --part)
+        engine.submit(cuts[part - 1], std::vector<zf_tensor>(g.begin() + cuts[part - 1], g.begin() + cuts[part]));
+      engine.end_step();
+    }
+  }
+  zenflow::EngineState state = engine.save_state();
+  std::vector<HostTensor> out = model.params;
+  for (size_t e = 0; e < state.layout.size(); ++e) {  // the whole state too, as f32 bits
+    HostTensor t(ZF_DTYPE_F32, {static_cast<int64_t>((state.layout[e].bytes + 3) / 4)});
+    std::memcpy(t.f32.data(), state.data(e), state.layout[e].bytes);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+TEST(EngineDeterminism, BitwiseAcrossRunsPoolSizesAndTheSplitForm) {
+  const std::vector<HostTensor> base = determinism_run(1, 1, 0);
+  const std::vector<std::vector<HostTensor>> others = {determinism_run(1, 1, 0), determinism_run(3, 2, 0),
+                                                       determinism_run(2, 3, 1), determinism_run(1, 1, 1)};
+  for (const auto& other : others) {
+    ASSERT_EQ(other.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) EXPECT_TRUE(base[i].bitwise_equal(other[i])) << "buffer " << i;
+  }
+}
+
+// ---- stats ----
+
+TEST(EngineStats, BytesDownAndUpFollowTheFormula) {
+  Model model;
+  model.groups = {zf_engine_group{1e-3, 0.0, 0}};
+  model.params.emplace_back(ZF_DTYPE_BF16, std::vector<int64_t>{6, 20});
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{4, 10});
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{10});
+  model.param_groups = {0, 0, 0};
+  zf_engine_config c = test_config();
+  c.topk_ratio = 0.25;  // k = 5 and 2
+  c.update_interval = 3;
+  c.overlap_step = 1;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  for (int64_t t = 1; t <= 9; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t);
+    engine.step(tensors_of(grads));
+  }
+  const int64_t per_step = 6 * (20 - 5) * 2 + 4 * (10 - 2) * 4;
+  zf_engine_stats s = engine.stats();
+  EXPECT_EQ(s.steps, 9);
+  EXPECT_EQ(s.windows, 3);
+  EXPECT_EQ(s.bytes_down, 9 * per_step);
+  EXPECT_EQ(s.bytes_up, 2 * per_step);  // overlap: window 3's update is still in flight
+  EXPECT_DOUBLE_EQ(s.selected_fraction, 7.0 / 30.0);
+  EXPECT_EQ(s.device_state_bytes > 0, true);
+  EXPECT_GE(s.host_state_bytes, 5 * 4 * (6 * 20 + 4 * 10));
+  engine.flush();
+  EXPECT_EQ(engine.stats().bytes_up, 3 * per_step);
+  EXPECT_GE(engine.stats().stall_seconds_flush, 0.0);
+}
+
+TEST(EngineMemory, AttachedDeviceMemoryIsUsed) {
+  Model model = standard_model();
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, test_config());
+  const size_t bytes = engine.device_memory_size();
+  ASSERT_GT(bytes, 0u);
+  std::vector<uint64_t> memory(bytes / 8 + 64);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory.data()) + 255) / 256 * 256);
+  EXPECT_THROW(engine.attach_device_memory(aligned, bytes - 1), zenflow::Error);
+  engine.attach_device_memory(aligned, bytes);
+  EXPECT_THROW(engine.attach_device_memory(aligned, bytes), zenflow::Error);  // once only
+  // Same trajectory as an engine that allocates its own.
+  Model other = standard_model();
+  zenflow::Engine own(other.tensors(), other.param_groups, other.groups, test_config());
+  for (int64_t t = 1; t <= 6; ++t) {
+    std::vector<HostTensor> g1 = make_grads(model, t), g2 = make_grads(other, t);
+    engine.step(tensors_of(g1));
+    own.step(tensors_of(g2));
+  }
+  for (size_t i = 0; i < model.params.size(); ++i) EXPECT_TRUE(model.params[i].bitwise_equal(other.params[i]));
+}
+
+}  // namespace
+
+namespace {
+
+using namespace zf_engine_test;
+
+TEST(EngineShapes, ScalarsTinyMatricesAndAnEmptyModel) {
+  Model model;
+  model.groups = {zf_engine_group{1e-2, 0.0, 0}};
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{});      // 0-D: dense
+  model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{1, 1});  // a 1x1 matrix
+  model.params.emplace_back(ZF_DTYPE_F16, std::vector<int64_t>{2, 1, 3});
+  model.param_groups = {0, 0, 0};
+  for (auto& p : model.params)
+    for (int64_t e = 0; e < p.numel(); ++e) p.set(e, 0.25f * static_cast<float>(e + 1));
+  for (double ratio : {0.0, 0.5, 1.0}) {
+    Model run = model;
+    RefConfig rc;
+    rc.topk_ratio = ratio;
+    rc.update_interval = 2;
+    Reference ref(run, rc);
+    zenflow::Engine engine(run.tensors(), run.param_groups, run.groups, engine_config(rc));
+    for (int64_t t = 1; t <= 5; ++t) {
+      std::vector<HostTensor> grads = make_grads(run, t);
+      engine.step(tensors_of(grads));
+      ref.step(grads, {1e-2});
+    }
+    engine.flush();
+    ref.flush();
+    EXPECT_LE(worst_error(run, ref, 1e-5, 2e-3), 1.0) << "topk_ratio " << ratio;  // fp16 weights
+  }
+  zenflow::Engine empty({}, {}, {}, test_config());
+  empty.step({});
+  empty.flush();
+  EXPECT_EQ(empty.stats().steps, 1);
+  zenflow::EngineState state = empty.save_state();
+  empty.load_state(state);
+}
+
+}  // namespace

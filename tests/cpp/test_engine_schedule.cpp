@@ -1,0 +1,148 @@
+// The engine's schedule on its own (cpp/src/engine/schedule.hpp): warm-up, fixed windows,
+// selection periods, and the auto interval rule on scripted energies.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/schedule.hpp"
+
+namespace {
+
+using zf::MatrixEnergy;
+using zf::Schedule;
+using zf::ScheduleConfig;
+
+struct Trace {
+  std::vector<int64_t> closes;   // steps after which a window closed
+  std::vector<int64_t> selects;  // steps that selected
+  std::vector<int64_t> warm;     // warm-up steps
+};
+
+Trace run(const ScheduleConfig& config, int64_t steps) {
+  Schedule s(config);
+  Trace t;
+  for (int64_t i = 1; i <= steps; ++i) {
+    const Schedule::StepKind kind = s.begin_step();
+    if (kind.warm_up) t.warm.push_back(i);
+    if (kind.select) t.selects.push_back(i);
+    if (s.end_step(0, 0)) t.closes.push_back(i);
+  }
+  return t;
+}
+
+TEST(EngineSchedule, FixedIntervalWindowsAndOneSelection) {
+  ScheduleConfig c;
+  c.update_interval = 3;
+  const Trace t = run(c, 10);
+  EXPECT_EQ(t.closes, (std::vector<int64_t>{3, 6, 9}));
+  EXPECT_EQ(t.selects, (std::vector<int64_t>{1}));  // auto strategy, no epoch length: once
+  EXPECT_TRUE(t.warm.empty());
+}
+
+TEST(EngineSchedule, WarmUpStepsAreWindowsOfTheirOwnThenTheGridStarts) {
+  ScheduleConfig c;
+  c.update_interval = 4;
+  c.warm_up_rounds = 2;
+  const Trace t = run(c, 11);
+  EXPECT_EQ(t.warm, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(t.closes, (std::vector<int64_t>{1, 2, 6, 10}));
+  EXPECT_EQ(t.selects, (std::vector<int64_t>{3}));
+}
+
+TEST(EngineSchedule, StepStrategyRoundsUpToWholeWindows) {
+  ScheduleConfig c;
+  c.update_interval = 4;
+  c.strategy = ZF_SELECT_STEP;
+  c.select_interval = 6;  // rounded up to 8
+  EXPECT_EQ(run(c, 20).selects, (std::vector<int64_t>{1, 9, 17}));
+  c.select_interval = 4;
+  EXPECT_EQ(run(c, 12).selects, (std::vector<int64_t>{1, 5, 9}));
+  c.select_interval = 0;  // "auto" with step: as auto (no epoch length: once)
+  EXPECT_EQ(run(c, 12).selects, (std::vector<int64_t>{1}));
+}
+
+TEST(EngineSchedule, EpochAndAutoStrategies) {
+  ScheduleConfig c;
+  c.update_interval = 2;
+  c.strategy = ZF_SELECT_EPOCH;
+  c.steps_per_epoch = 3;
+  c.select_interval = 2;  // every 6 steps
+  EXPECT_EQ(run(c, 14).selects, (std::vector<int64_t>{1, 7, 13}));
+  c.strategy = ZF_SELECT_AUTO;  // once per epoch: 3 steps, rounded up to 4
+  EXPECT_EQ(run(c, 10).selects, (std::vector<int64_t>{1, 5, 9}));
+}
+
+TEST(EngineSchedule, ForcedSelectionHappensAtTheNextStep) {
+  ScheduleConfig c;
+  c.update_interval = 4;
+  Schedule s(c);
+  for (int i = 0; i < 2; ++i) {
+    s.begin_step();
+    s.end_step(0, 0);
+  }
+  s.force_selection();
+  const Schedule::StepKind kind = s.begin_step();
+  EXPECT_TRUE(kind.select);
+  EXPECT_FALSE(kind.window_start);
+  EXPECT_EQ(s.selections(), 2);
+}
+
+TEST(EngineSchedule, AutoRuleMatrixDue) {
+  // E_sel = sel / (k * steps), E_def = def / (n - k)
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 4.0, 2, 6}, 1));    // 5 vs 1
+  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 20.0, 2, 6}, 1));    // 5 vs 5
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 3.9, 2, 6}, 2));    // 2.5 vs 0.975
+  EXPECT_TRUE(Schedule::matrix_due(MatrixEnergy{10.0, 10.0, 2, 6}, 2));    // 2.5 vs 2.5: due (>=)
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 100.0, 0, 6}, 2));  // k = 0: not counted
+  EXPECT_FALSE(Schedule::matrix_due(MatrixEnergy{10.0, 100.0, 6, 6}, 2));  // k = n: not counted
+}
+
+TEST(EngineSchedule, AutoIntervalClosesOnRatioOrAtTheBound) {
+  ScheduleConfig c;
+  c.update_interval = 0;
+  c.max_update_interval = 5;
+  c.auto_ratio = 0.5;
+  Schedule s(c);
+  // Scripted due counts: window 1 closes when 1 of 2 matrices is due (ratio 0.5), at step 3.
+  const int64_t due[] = {0, 0, 1, 0, 0, 0, 0, 0, 2};
+  std::vector<int64_t> closes;
+  for (int64_t t = 1; t <= 9; ++t) {
+    s.begin_step();
+    if (s.end_step(due[t - 1], 2)) closes.push_back(t);
+  }
+  // window 1: 1..3 (ratio); window 2: 4..8 (bound 5); window 3 starts at 9 and closes (2/2).
+  EXPECT_EQ(closes, (std::vector<int64_t>{3, 8, 9}));
+  // No counted matrix: only the bound closes.
+  Schedule none(c);
+  closes.clear();
+  for (int64_t t = 1; t <= 10; ++t) {
+    none.begin_step();
+    if (none.end_step(0, 0)) closes.push_back(t);
+  }
+  EXPECT_EQ(closes, (std::vector<int64_t>{5, 10}));
+}
+
+TEST(EngineSchedule, CountersRoundTrip) {
+  ScheduleConfig c;
+  c.update_interval = 3;
+  Schedule a(c);
+  for (int i = 0; i < 4; ++i) {
+    a.begin_step();
+    a.end_step(0, 0);
+  }
+  int64_t counters[ZF_ENGINE_STATE_COUNTERS] = {};
+  a.save(counters);
+  Schedule b(c);
+  b.check(counters);
+  b.load(counters);
+  for (int i = 0; i < 5; ++i) {
+    const auto ka = a.begin_step(), kb = b.begin_step();
+    EXPECT_EQ(ka.select, kb.select);
+    EXPECT_EQ(a.end_step(0, 0), b.end_step(0, 0));
+  }
+  counters[ZF_COUNTER_WINDOW_STEPS] = 3;  // a full window cannot be open
+  EXPECT_THROW(b.check(counters), zf::Error);
+}
+
+}  // namespace
