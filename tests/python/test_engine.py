@@ -205,6 +205,7 @@ def test_matches_reference(ratio, interval, overlap, warm_up):
     )
     engine, ref, _ = run_against_reference(config, steps=9)
     check_state(engine, ref, 9, f"{config}")
+    check_counters(engine, ref, f"{config}, after state_dict's flush")
     engine.close()
 
 
