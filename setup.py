@@ -95,7 +95,7 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["zenflow"],
+    packages=["zenflow", "zenflow.ops"],
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("zenflow._C")],
     cmdclass={"build_ext": CMakeBuild},

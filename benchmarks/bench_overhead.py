@@ -283,7 +283,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--cpp-build-dir", type=Path, default=None)
     parser.add_argument("--write", action="store_true", help=f"write {RESULT.name}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few repetitions only (a smoke run; numbers not judged)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.reps = min(args.reps, 5)
     rows = python_rows(args.matrices, args.rows, args.cols, args.k, args.reps)
     rows.append(cpu_adamw_row(args.matrices, args.rows, args.cols, args.reps))
     cpp = run_cpp(args.cpp_build_dir) if args.cpp_build_dir else {}

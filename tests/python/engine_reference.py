@@ -25,13 +25,15 @@ taken after a flush holds).
 
 Choices where the contract is silent (the engine must make the same ones):
   * `lrs=None` means each group's lr given at construction (a passed lr is not sticky).
-  * `windows` counts window closes on the grid (also a close that finds nothing accumulated
-    after a flush); `reselections` counts selections after the first one.
-  * Warm-up moves no bytes (nothing is deferred); dense parameters never count in bytes.
-    bytes_down counts every post-warm-up step's deferred columns (m * (n - k) elements, the
-    gradient's element size); bytes_up counts every host result written into the parameter
-    (window close without overlap, the in-flight result at the next close or at a flush, and
-    a flush's own update), m * (n - k) elements in the parameter's element size.
+  * `windows` counts the host updates run after warm-up: a window close that finds steps
+    accumulated, and a flush's own update (a close that finds nothing after a flush does
+    not count); `reselections` counts selections after the first one.
+  * Dense parameters never count in bytes. A warm-up step has no selection yet, so every
+    matrix goes down whole and comes back up whole (m * n elements each way). After warm-up,
+    bytes_down counts every step's deferred columns (m * (n - k) elements, the gradient's
+    element size); bytes_up counts every host result written into the parameter (window
+    close without overlap, the in-flight result at the next close or at a flush, and a
+    flush's own update), m * (n - k) elements in the parameter's element size.
   * `select_interval="auto"` with strategy "epoch" means one epoch. The "auto" strategy with
     steps_per_epoch > 0 is the "step" rule with a period of steps_per_epoch steps.
   * skipped_steps counts only dynamic-loss-scaling overflow steps; the ValueError of a
@@ -286,8 +288,11 @@ class ReferenceZenFlow:
         self.t += 1
         self.counters["steps"] += 1
         if self.t <= self.config["full_warm_up_rounds"]:
-            for p, g in zip(self.params, used):
+            for i, (p, g) in enumerate(zip(self.params, used)):
                 self._adamw_all(p, g, lrs[p.group])
+                if p.matrix:  # nothing is selected yet: the whole matrix goes down and up
+                    self.counters["bytes_down"] += p.weights.size * grad_sizes[i]
+                    self.counters["bytes_up"] += p.weights.size * p.itemsize
         else:
             self._windowed_step(raw, used, grad_sizes, lrs)
 
@@ -431,11 +436,11 @@ class ReferenceZenFlow:
             self.counters["bytes_up"] += p.rows * len(cols) * p.itemsize
 
     def _close_window(self):
-        self.counters["windows"] += 1
         if self.config["overlap_step"] and self.pending is not None:
             self._write(self.pending)
             self.pending = None
         if self.steps_accumulated > 0:
+            self.counters["windows"] += 1
             results = self._host_update()
             if self.config["overlap_step"]:
                 self.pending = results
@@ -449,4 +454,5 @@ class ReferenceZenFlow:
             self._write(self.pending)
             self.pending = None
         if self.steps_accumulated > 0:
+            self.counters["windows"] += 1
             self._write(self._host_update())

@@ -23,6 +23,7 @@ of a tie (so fp32 cannot flip it).
 from __future__ import annotations
 
 import copy
+import faulthandler
 import multiprocessing
 import re
 import subprocess
@@ -36,12 +37,6 @@ from engine_reference import ReferenceZenFlow
 
 import zenflow
 from zenflow import _C
-
-# The binding lands after the engine itself; until then this file skips as a whole.
-# TODO(integrator): remove this guard once zenflow._C.Engine exists.
-pytestmark = pytest.mark.skipif(
-    not hasattr(_C, "Engine"), reason="zenflow._C.Engine is not built yet (engine binding)"
-)
 
 # Odd matrices (primes, 1xN, Nx1, a 3-d one viewed [3, 10]), a vector, a scalar, and a
 # matrix in a dense group; two ordinary groups with their own lr / weight decay.
@@ -572,6 +567,11 @@ def test_interpreter_exit_mid_window_does_not_hang():
 
 
 def child_trajectory(conn):
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, then ends the child
+    # GNU OpenMP's thread team (torch's intra-op pool) does not survive a fork: a child that
+    # enters a torch parallel region can hang there, whatever zenflow does. torch's DataLoader
+    # workers run with one intra-op thread for that reason; so does this child.
+    torch.set_num_threads(1)
     try:
         conn.send(("ok", [[as64(p) for p in ws] for ws in trajectory(DET_CONFIG, steps=5)]))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent

@@ -11,13 +11,17 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def sketch_blocks() -> list[str]:
+def python_blocks(section: str) -> list[str]:
     text = README.read_text()
-    match = re.search(r"^## API sketch\n(.*?)(?=^## )", text, flags=re.S | re.M)
-    assert match, "README.md has no '## API sketch' section"
+    match = re.search(rf"^## {section}\n(.*?)(?=^## )", text, flags=re.S | re.M)
+    assert match, f"README.md has no '## {section}' section"
     blocks = re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)
-    assert blocks, "the API sketch has no python block"
+    assert blocks, f"the README's {section} section has no python block"
     return blocks
+
+
+def sketch_blocks() -> list[str]:
+    return python_blocks("API sketch")
 
 
 @pytest.mark.parametrize("index", range(len(sketch_blocks())))
@@ -30,3 +34,15 @@ def test_api_sketch_runs_as_written(index, restore_threads, capsys):
         opt = namespace["opt"]
         assert all(float(s["step"]) == 1 for s in opt.state.values()) and opt.state
     assert capsys.readouterr().out.strip(), "the sketch prints the gradient norm"
+
+
+def test_engine_example_runs_as_written(capsys):
+    code = python_blocks("The engine")[0]
+    namespace: dict = {"__name__": "readme_engine"}
+    exec(compile(code, "README.md engine example", "exec"), namespace)
+    engine = namespace["engine"]
+    stats = engine.stats()
+    assert stats["steps"] == 8 and stats["windows"] == 2  # closes at steps 4 and 8
+    assert set(namespace["state"]) == {"params", "schedule", "loss_scaler"}
+    windows, bytes_down = capsys.readouterr().out.split()
+    assert int(windows) == 2 and int(bytes_down) == stats["bytes_down"] > 0

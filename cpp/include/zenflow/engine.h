@@ -123,7 +123,9 @@ ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_
                                   zf_engine** out);
 /* Joins the host lane, dropping queued work that has not started, and frees the engine's
  * memory (not the attached device memory, which the caller owns). Never waits for work that
- * cannot complete. NULL is accepted. */
+ * cannot complete. NULL is accepted. In a process forked after the engine was created, the
+ * engine cannot be used (every call fails with INVALID_VALUE; create a new engine in the
+ * child) and destroying it there releases nothing: its threads exist only in the parent. */
 ZF_API zf_status zf_engine_destroy(zf_engine* engine);
 
 /*
@@ -168,7 +170,7 @@ typedef struct zf_engine_stats {
   int64_t steps;         /* steps taken (skipped steps excluded) */
   int64_t windows;       /* host updates run after warm-up (window closes and flushes) */
   int64_t reselections;  /* selections after the first */
-  int64_t skipped_steps; /* overflow / non-finite steps */
+  int64_t skipped_steps; /* overflow steps of dynamic loss scaling */
   double last_global_norm;
   double stall_seconds_window_close;  /* training thread waiting for a host update at a close */
   double stall_seconds_back_pressure; /* waiting for a free staging slot */

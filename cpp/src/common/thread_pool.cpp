@@ -204,7 +204,12 @@ GlobalPoolState& global_pool_state() {
 // destroying would hang or crash) and the next global_thread_pool() builds a fresh one.
 // The old state is leaked on purpose: its shared_ptr keeps the old pool from ever being
 // destroyed, even when a copy held by the forking thread is released later.
-void forget_global_pool_in_child() { global_pool_state_pointer.store(nullptr, std::memory_order_relaxed); }
+std::atomic<uint64_t> fork_generation_count{0};
+
+void forget_global_pool_in_child() {
+  global_pool_state_pointer.store(nullptr, std::memory_order_relaxed);
+  fork_generation_count.fetch_add(1, std::memory_order_relaxed);
+}
 
 // Registered at load time, before any pool can exist, so no fork can slip in between the
 // first pool and the registration.
@@ -213,6 +218,14 @@ void forget_global_pool_in_child() { global_pool_state_pointer.store(nullptr, st
 #endif
 
 }  // namespace
+
+uint64_t fork_generation() {
+#if defined(__linux__)
+  return fork_generation_count.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
 
 std::shared_ptr<ThreadPool> global_thread_pool() {
   GlobalPoolState& state = global_pool_state();

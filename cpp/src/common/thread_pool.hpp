@@ -74,6 +74,12 @@ bool in_parallel_region();
 // the default size. Callers hold the pointer for the duration of their region: a concurrent
 // resize swaps in a new pool, and the old one is joined after its last user is done.
 std::shared_ptr<ThreadPool> global_thread_pool();
+
+// How many forks this process descends from (0 in the process that loaded zenflow; a
+// forked child sees its parent's count + 1). An object holding threads records it at
+// creation: in a later generation its threads do not exist, and its mutexes and condition
+// variables may be copies taken while held or waited on, so it must be left untouched.
+uint64_t fork_generation();
 void resize_global_thread_pool(int num_threads, std::vector<int> cores);
 // The process-wide pool's default size: every usable core. Its calls are synchronous (the
 // training thread waits inside them, and with it the framework's own threads), so they

@@ -2,23 +2,37 @@
 #include "zenflow/engine.h"
 
 #include "common/error.hpp"
+#include "common/thread_pool.hpp"
 #include "engine/engine.hpp"
 
 struct zf_engine {
   zf::Engine engine;
+  uint64_t fork_generation = zf::fork_generation();  // the process that owns its threads
   template <class... Args>
   explicit zf_engine(Args&&... args) : engine(std::forward<Args>(args)...) {}
 };
 
 namespace {
 
-zf::Engine& get(zf_engine* e) {
+// An engine copied into a forked child has no threads there (its host lane and pools were
+// the parent's) and its locks may be copies taken while held: it cannot run, and destroying
+// it would wait for threads that do not exist. The child gets a clear error instead.
+bool inherited_through_fork(const zf_engine* e) { return e->fork_generation != zf::fork_generation(); }
+
+void require_usable(const zf_engine* e) {
   zf::require(e != nullptr, ZF_ERROR_INVALID_VALUE, "engine: NULL");
+  zf::require(!inherited_through_fork(e), ZF_ERROR_INVALID_VALUE,
+              "engine: created in the parent of this forked process; its threads do not exist here "
+              "(create a new engine in the child)");
+}
+
+zf::Engine& get(zf_engine* e) {
+  require_usable(e);
   return e->engine;
 }
 
 const zf::Engine& get(const zf_engine* e) {
-  zf::require(e != nullptr, ZF_ERROR_INVALID_VALUE, "engine: NULL");
+  require_usable(e);
   return e->engine;
 }
 
@@ -72,7 +86,12 @@ ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_
 }
 
 ZF_API zf_status zf_engine_destroy(zf_engine* engine) {
-  return zf::api_call([&] { delete engine; });
+  return zf::api_call([&] {
+    // In a forked child the parent's engine is left as it is (see inherited_through_fork):
+    // its memory is the parent's copy, released when the child exits.
+    if (engine != nullptr && inherited_through_fork(engine)) return;
+    delete engine;
+  });
 }
 
 ZF_API zf_status zf_engine_device_memory_size(const zf_engine* engine, size_t* bytes) {

@@ -96,8 +96,8 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs) {
   int32_t nonfinite = 0;
   backend_->column_stats(*stats_plan_, grad_ptrs_.data(), col_sq_ptrs_.data(), &total_sq, &nonfinite);
   if (nonfinite) {
-    ++skipped_steps_;
     if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC) {
+      ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
       loss_scale_ *= config_.backoff_factor;
       growth_tracker_ = 0;
       return;

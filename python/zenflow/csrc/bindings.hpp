@@ -10,4 +10,5 @@ void register_topk(pybind11::module_& m);
 void register_optim(pybind11::module_& m);
 void register_pack(pybind11::module_& m);
 void register_cpu_adamw(pybind11::module_& m);
+void register_engine(pybind11::module_& m);
 }  // namespace zf_py

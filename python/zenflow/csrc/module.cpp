@@ -61,4 +61,5 @@ PYBIND11_MODULE(_C, m) {
   zf_py::register_optim(m);
   zf_py::register_pack(m);
   zf_py::register_cpu_adamw(m);
+  zf_py::register_engine(m);
 }

@@ -1,0 +1,506 @@
+// zenflow._C.Engine: the engine (engine.h) for Python. Parameters are given once, at
+// construction, and updated in place; each step passes only the gradients. The state
+// machine lives in C++: this file only converts arguments and results.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "tensor_convert.hpp"
+#include "zenflow/engine.h"
+
+namespace zf_py {
+
+namespace {
+
+double number(py::handle value, const std::string& name) {
+  if (PyBool_Check(value.ptr()) || !PyNumber_Check(value.ptr())) {
+    throw py::type_error(name + ": expected a number, got " +
+                         std::string(py::str(py::type::of(value).attr("__name__"))));
+  }
+  return py::float_(py::reinterpret_borrow<py::object>(value)).cast<double>();
+}
+
+int64_t integer(py::handle value, const std::string& name) {
+  if (PyBool_Check(value.ptr())) throw py::type_error(name + ": expected an integer, got bool");
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    throw py::type_error(name + ": expected an integer, got " +
+                         std::string(py::str(py::type::of(value).attr("__name__"))));
+  }
+  const py::object owned = py::reinterpret_steal<py::object>(index);
+  int overflow = 0;
+  const long long result = PyLong_AsLongLongAndOverflow(owned.ptr(), &overflow);
+  if (overflow != 0) throw py::value_error(name + ": out of range");
+  return static_cast<int64_t>(result);
+}
+
+bool flag(py::handle value, const std::string& name) {
+  if (!PyBool_Check(value.ptr()) && !PyNumber_Check(value.ptr())) throw py::type_error(name + ": expected a bool");
+  return py::bool_(py::reinterpret_borrow<py::object>(value)).cast<bool>();
+}
+
+// "auto" -> 0 (the C ABI's "auto"), else a positive integer.
+int64_t integer_or_auto(py::handle value, const std::string& name) {
+  if (py::isinstance<py::str>(value)) {
+    if (value.cast<std::string>() == "auto") return 0;
+    throw py::value_error(name + ": expected an integer or \"auto\", got '" + value.cast<std::string>() + "'");
+  }
+  const int64_t result = integer(value, name);
+  if (result <= 0) throw py::value_error(name + ": must be > 0 or \"auto\", got " + std::to_string(result));
+  return result;
+}
+
+template <typename Enum>
+Enum choice(py::handle value, const std::string& name, std::initializer_list<std::pair<const char*, Enum>> options) {
+  std::string valid;
+  if (py::isinstance<py::str>(value)) {
+    const std::string text = value.cast<std::string>();
+    for (const auto& option : options) {
+      if (text == option.first) return option.second;
+    }
+  }
+  for (const auto& option : options) valid += std::string(valid.empty() ? "" : ", ") + "\"" + option.first + "\"";
+  throw py::value_error(name + ": expected one of " + valid + ", got " + std::string(py::repr(value)));
+}
+
+zf_engine_config parse_config(const py::dict& config) {
+  zf_engine_config c = zf_engine_config_default();
+  for (const auto& item : config) {
+    if (!py::isinstance<py::str>(item.first)) throw py::type_error("config: keys must be strings");
+    const std::string key = item.first.cast<std::string>();
+    const py::handle value = item.second;
+    const std::string name = "config[\"" + key + "\"]";
+    if (key == "topk_ratio") {
+      c.topk_ratio = number(value, name);
+    } else if (key == "select_strategy") {
+      c.select_strategy = choice<zf_select_strategy>(
+          value, name, {{"auto", ZF_SELECT_AUTO}, {"step", ZF_SELECT_STEP}, {"epoch", ZF_SELECT_EPOCH}});
+    } else if (key == "select_interval") {
+      c.select_interval = integer_or_auto(value, name);
+    } else if (key == "steps_per_epoch") {
+      c.steps_per_epoch = value.is_none() ? 0 : integer(value, name);
+    } else if (key == "update_interval") {
+      c.update_interval = integer_or_auto(value, name);
+    } else if (key == "full_warm_up_rounds") {
+      c.full_warm_up_rounds = integer(value, name);
+    } else if (key == "overlap_step") {
+      c.overlap_step = flag(value, name) ? 1 : 0;
+    } else if (key == "auto_ratio") {
+      c.auto_ratio = number(value, name);
+    } else if (key == "pt_reserved_cores_perc") {
+      c.pt_reserved_cores_perc = number(value, name);
+    } else if (key == "max_update_interval") {
+      c.max_update_interval = integer(value, name);
+    } else if (key == "master_weights") {
+      c.master_weights = choice<zf_master_weights>(value, name, {{"fp32", ZF_MASTER_FP32}, {"none", ZF_MASTER_NONE}});
+    } else if (key == "selection_score") {
+      c.selection_score =
+          choice<zf_selection_score>(value, name, {{"step", ZF_SCORE_STEP}, {"window", ZF_SCORE_WINDOW}});
+    } else if (key == "max_grad_norm") {
+      if (value.is_none()) {
+        c.max_grad_norm = 0.0;
+      } else {
+        c.max_grad_norm = number(value, name);
+        if (!(c.max_grad_norm > 0.0)) throw py::value_error(name + ": must be > 0 or None");
+      }
+    } else if (key == "betas") {
+      const py::sequence betas = py::reinterpret_borrow<py::sequence>(value);
+      if (!py::isinstance<py::sequence>(value) || py::len(betas) != 2) {
+        throw py::value_error(name + ": expected a pair (beta1, beta2)");
+      }
+      c.beta1 = number(betas[0], name + "[0]");
+      c.beta2 = number(betas[1], name + "[1]");
+    } else if (key == "eps") {
+      c.eps = number(value, name);
+    } else if (key == "loss_scaling") {
+      c.loss_scaling = value.is_none()
+                           ? ZF_LOSS_SCALING_NONE
+                           : choice<zf_loss_scaling>(
+                                 value, name, {{"none", ZF_LOSS_SCALING_NONE}, {"dynamic", ZF_LOSS_SCALING_DYNAMIC}});
+    } else if (key == "initial_scale") {
+      c.initial_scale = number(value, name);
+    } else if (key == "growth_factor") {
+      c.growth_factor = number(value, name);
+    } else if (key == "backoff_factor") {
+      c.backoff_factor = number(value, name);
+    } else if (key == "growth_interval") {
+      c.growth_interval = integer(value, name);
+    } else if (key == "bucket_bytes") {
+      const int64_t bytes = integer(value, name);
+      if (bytes <= 0) throw py::value_error(name + ": must be > 0");
+      c.bucket_bytes = static_cast<size_t>(bytes);
+    } else if (key == "staging_slots") {
+      c.staging_slots = static_cast<int32_t>(integer(value, name));
+    } else if (key == "compute_threads") {
+      c.compute_threads = static_cast<int32_t>(integer(value, name));
+    } else if (key == "host_threads") {
+      c.host_threads = static_cast<int32_t>(integer(value, name));
+    } else {
+      throw py::value_error("config: unknown key \"" + key + "\"");
+    }
+  }
+  return c;
+}
+
+const char* state_key(zf_engine_state_kind kind) {
+  switch (kind) {
+    case ZF_STATE_MASTER:
+      return "master";
+    case ZF_STATE_EXP_AVG:
+      return "exp_avg";
+    case ZF_STATE_EXP_AVG_SQ:
+      return "exp_avg_sq";
+    case ZF_STATE_STEPS:
+      return "steps";
+    case ZF_STATE_SELECTED:
+      return "selected";
+    case ZF_STATE_WINDOW_SCORE:
+      return "window_score";
+    case ZF_STATE_WINDOW_ENERGY:
+      return "window_energy";
+  }
+  return "unknown";
+}
+
+// The schedule counters by name, in the order of engine.h's ZF_COUNTER_* positions.
+constexpr const char* kScheduleKeys[] = {
+    "step", "window", "window_steps", "since_selection", "selections", "has_previous_window"};
+
+class PyEngine {
+ public:
+  PyEngine(const py::object& params, const py::object& groups, const py::object& config) {
+    const py::object param_list = as_fast_sequence(params, "params");
+    const py::object group_list = as_fast_sequence(groups, "groups");
+    const size_t param_count = static_cast<size_t>(PySequence_Fast_GET_SIZE(param_list.ptr()));
+    Converter conv;
+    const std::vector<zf_tensor> tensors = conv.list(param_list, "params", Access::kWrite);
+
+    std::vector<int32_t> param_groups(param_count, -1);
+    std::vector<zf_engine_group> c_groups;
+    const size_t group_count = static_cast<size_t>(PySequence_Fast_GET_SIZE(group_list.ptr()));
+    for (size_t g = 0; g < group_count; ++g) {
+      const std::string name = "groups[" + std::to_string(g) + "]";
+      const py::handle entry = PySequence_Fast_GET_ITEM(group_list.ptr(), static_cast<Py_ssize_t>(g));
+      if (!py::isinstance<py::dict>(entry)) throw py::type_error(name + ": expected a dict");
+      const py::dict group = py::reinterpret_borrow<py::dict>(entry);
+      for (const auto& item : group) {
+        const std::string key = py::str(item.first);
+        if (key != "params" && key != "lr" && key != "weight_decay" && key != "dense") {
+          throw py::value_error(name + ": unknown key \"" + key + "\"");
+        }
+      }
+      if (!group.contains("params") || !group.contains("lr")) {
+        throw py::value_error(name + ": needs \"params\" (indices into params) and \"lr\"");
+      }
+      zf_engine_group c_group{};
+      c_group.lr = number(group["lr"], name + "[\"lr\"]");
+      c_group.weight_decay =
+          group.contains("weight_decay") ? number(group["weight_decay"], name + "[\"weight_decay\"]") : 0.0;
+      c_group.dense = group.contains("dense") && flag(group["dense"], name + "[\"dense\"]") ? 1 : 0;
+      const py::object indices = as_fast_sequence(group["params"], (name + "[\"params\"]").c_str());
+      for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(indices.ptr()); ++j) {
+        const std::string index_name = name + "[\"params\"][" + std::to_string(j) + "]";
+        const int64_t index = integer(PySequence_Fast_GET_ITEM(indices.ptr(), j), index_name);
+        if (index < 0 || static_cast<size_t>(index) >= param_count) {
+          throw py::value_error(index_name + ": " + std::to_string(index) + " is not a parameter index (there are " +
+                                std::to_string(param_count) + ")");
+        }
+        if (param_groups[static_cast<size_t>(index)] != -1) {
+          throw py::value_error(index_name + ": parameter " + std::to_string(index) + " is in two groups");
+        }
+        param_groups[static_cast<size_t>(index)] = static_cast<int32_t>(g);
+      }
+      c_groups.push_back(c_group);
+    }
+    for (size_t i = 0; i < param_count; ++i) {
+      if (param_groups[i] == -1) throw py::value_error("groups: parameter " + std::to_string(i) + " is in no group");
+    }
+    if (!config.is_none() && !py::isinstance<py::dict>(config)) throw py::type_error("config: expected a dict");
+    const zf_engine_config c_config = config.is_none() ? zf_engine_config_default() : parse_config(config);
+
+    zf_engine* created = nullptr;
+    check(release_gil([&] {
+      return zf_engine_create(tensors.data(), param_groups.data(), param_count, c_groups.data(), c_groups.size(),
+                              &c_config, &created);
+    }));
+    engine_ = created;
+    params_ = py::list(param_list);
+    group_count_ = group_count;
+    torch_params_ =
+        !tensors.empty() && std::string(py::str(py::type::of(params_[0]).attr("__module__"))).rfind("torch", 0) == 0;
+  }
+
+  ~PyEngine() { close(); }
+
+  void close() {
+    if (engine_ == nullptr) return;
+    zf_engine* engine = engine_;
+    engine_ = nullptr;
+    py::gil_scoped_release release;
+    zf_engine_destroy(engine);
+  }
+
+  void step(const py::object& grads, const py::object& lrs) {
+    zf_engine* engine = live();
+    Converter conv;
+    const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
+    const std::vector<double> rates = learning_rates(lrs);
+    call([&] {
+      return zf_engine_step(engine, tensors.data(), tensors.size(), rates.empty() ? nullptr : rates.data(),
+                            rates.size());
+    });
+    bump_params();
+  }
+
+  void begin_step(const py::object& lrs) {
+    zf_engine* engine = live();
+    const std::vector<double> rates = learning_rates(lrs);
+    call([&] { return zf_engine_begin_step(engine, rates.empty() ? nullptr : rates.data(), rates.size()); });
+    // The submitted gradients must stay alive until end_step (engine.h).
+    submitted_ = py::list();
+  }
+
+  void submit(int64_t first, const py::object& grads) {
+    zf_engine* engine = live();
+    if (first < 0) throw py::value_error("first: must be >= 0, got " + std::to_string(first));
+    Converter conv;
+    const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
+    call([&] { return zf_engine_submit(engine, static_cast<size_t>(first), tensors.data(), tensors.size()); });
+    submitted_.append(grads);
+  }
+
+  void end_step() {
+    zf_engine* engine = live();
+    const zf_status status = release_gil([&] { return zf_engine_end_step(engine); });
+    submitted_ = py::list();
+    check(status);
+    bump_params();
+  }
+
+  void flush() {
+    zf_engine* engine = live();
+    call([&] { return zf_engine_flush(engine); });
+    bump_params();
+  }
+
+  py::dict stats() const {
+    zf_engine_stats s{};
+    check(zf_engine_get_stats(live(), &s));
+    py::dict out;
+    out["steps"] = s.steps;
+    out["windows"] = s.windows;
+    out["reselections"] = s.reselections;
+    out["skipped_steps"] = s.skipped_steps;
+    out["last_global_norm"] = s.last_global_norm;
+    out["stall_seconds_window_close"] = s.stall_seconds_window_close;
+    out["stall_seconds_back_pressure"] = s.stall_seconds_back_pressure;
+    out["stall_seconds_flush"] = s.stall_seconds_flush;
+    out["host_update_seconds"] = s.host_update_seconds;
+    out["accumulate_seconds"] = s.accumulate_seconds;
+    out["bytes_down"] = s.bytes_down;
+    out["bytes_up"] = s.bytes_up;
+    out["selected_fraction"] = s.selected_fraction;
+    out["device_state_bytes"] = s.device_state_bytes;
+    out["host_state_bytes"] = s.host_state_bytes;
+    return out;
+  }
+
+  double loss_scale() const {
+    double scale = 0.0;
+    check(zf_engine_loss_scale(live(), &scale));
+    return scale;
+  }
+
+  size_t device_memory_size() const {
+    size_t bytes = 0;
+    check(zf_engine_device_memory_size(live(), &bytes));
+    return bytes;
+  }
+
+  py::dict state_dict() {
+    zf_engine* engine = live();
+    const std::vector<zf_engine_state_entry> entries = layout();
+    py::list buffers;
+    for (const zf_engine_state_entry& entry : entries) buffers.append(empty(entry));
+    Converter conv;
+    const std::vector<zf_tensor> tensors = conv.list(buffers, "state", Access::kWrite);
+    std::vector<int64_t> counters(ZF_ENGINE_STATE_COUNTERS, 0);
+    double scale = 0.0;
+    call([&] { return zf_engine_save_state(engine, tensors.data(), tensors.size(), counters.data(), &scale); });
+    bump_params();  // save flushes
+
+    py::list per_param;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const size_t param = static_cast<size_t>(entries[i].param);
+      while (py::len(per_param) <= param) per_param.append(py::dict());
+      py::dict entry = per_param[param];
+      entry[state_key(entries[i].kind)] = buffers[i];
+    }
+    py::dict schedule;
+    for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c)
+      schedule[kScheduleKeys[c]] = counters[c];
+    schedule["skipped"] = counters[ZF_COUNTER_SKIPPED];
+    py::dict scaler;
+    scaler["scale"] = scale;
+    scaler["growth_tracker"] = counters[ZF_COUNTER_GROWTH_TRACKER];
+    py::dict out;
+    out["params"] = per_param;
+    out["schedule"] = schedule;
+    out["loss_scaler"] = scaler;
+    return out;
+  }
+
+  void load_state_dict(const py::object& state) {
+    zf_engine* engine = live();
+    if (!py::isinstance<py::dict>(state)) throw py::type_error("state: expected a dict from state_dict()");
+    const py::dict d = py::reinterpret_borrow<py::dict>(state);
+    for (const char* key : {"params", "schedule", "loss_scaler"}) {
+      if (!d.contains(key)) throw py::value_error(std::string("state: missing \"") + key + "\"");
+    }
+    const std::vector<zf_engine_state_entry> entries = layout();
+    const py::object per_param = as_fast_sequence(d["params"], "state[\"params\"]");
+    const size_t saved_params = static_cast<size_t>(PySequence_Fast_GET_SIZE(per_param.ptr()));
+    const size_t params = static_cast<size_t>(py::len(params_));
+    if (saved_params != params) {
+      throw py::value_error("state: holds " + std::to_string(saved_params) + " parameters, this engine has " +
+                            std::to_string(params) + " (the state of another model)");
+    }
+    py::list buffers;
+    for (const zf_engine_state_entry& entry : entries) {
+      const std::string name = "state[\"params\"][" + std::to_string(entry.param) + "]";
+      const py::handle saved = PySequence_Fast_GET_ITEM(per_param.ptr(), entry.param);
+      if (!py::isinstance<py::dict>(saved)) throw py::type_error(name + ": expected a dict");
+      const py::dict saved_dict = py::reinterpret_borrow<py::dict>(saved);
+      const char* key = state_key(entry.kind);
+      if (!saved_dict.contains(key)) {
+        throw py::value_error(name + ": missing \"" + key + "\" (the state of another model or configuration)");
+      }
+      buffers.append(saved_dict[key]);
+    }
+    Converter conv;
+    const std::vector<zf_tensor> tensors = conv.list(buffers, "state", Access::kRead);
+    std::vector<int64_t> counters(ZF_ENGINE_STATE_COUNTERS, 0);
+    const py::dict schedule = d["schedule"].cast<py::dict>();
+    for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c) {
+      if (!schedule.contains(kScheduleKeys[c])) {
+        throw py::value_error(std::string("state[\"schedule\"]: missing \"") + kScheduleKeys[c] + "\"");
+      }
+      counters[c] =
+          integer(schedule[kScheduleKeys[c]], std::string("state[\"schedule\"][\"") + kScheduleKeys[c] + "\"]");
+    }
+    if (!schedule.contains("skipped")) throw py::value_error("state[\"schedule\"]: missing \"skipped\"");
+    counters[ZF_COUNTER_SKIPPED] = integer(schedule["skipped"], "state[\"schedule\"][\"skipped\"]");
+    const py::dict scaler = d["loss_scaler"].cast<py::dict>();
+    if (!scaler.contains("scale") || !scaler.contains("growth_tracker")) {
+      throw py::value_error("state[\"loss_scaler\"]: needs \"scale\" and \"growth_tracker\"");
+    }
+    counters[ZF_COUNTER_GROWTH_TRACKER] =
+        integer(scaler["growth_tracker"], "state[\"loss_scaler\"][\"growth_tracker\"]");
+    const double scale = number(scaler["scale"], "state[\"loss_scaler\"][\"scale\"]");
+    call([&] { return zf_engine_load_state(engine, tensors.data(), tensors.size(), counters.data(), scale); });
+  }
+
+ private:
+  zf_engine* live() const {
+    if (engine_ == nullptr) throw py::value_error("engine: closed");
+    return engine_;
+  }
+
+  template <typename Fn>
+  static zf_status release_gil(Fn&& fn) {
+    py::gil_scoped_release release;
+    return fn();
+  }
+
+  template <typename Fn>
+  static void call(Fn&& fn) {
+    check(release_gil(std::forward<Fn>(fn)));
+  }
+
+  std::vector<double> learning_rates(const py::object& lrs) const {
+    std::vector<double> rates;
+    if (lrs.is_none()) return rates;
+    const py::object seq = as_fast_sequence(lrs, "lrs");
+    const size_t count = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
+    require_length(group_count_, count, "lrs", "learning rates (one per group)");
+    for (size_t g = 0; g < count; ++g) {
+      rates.push_back(
+          number(PySequence_Fast_GET_ITEM(seq.ptr(), static_cast<Py_ssize_t>(g)), "lrs[" + std::to_string(g) + "]"));
+    }
+    return rates;
+  }
+
+  std::vector<zf_engine_state_entry> layout() const {
+    size_t count = 0;
+    check(zf_engine_state_layout(engine_, nullptr, &count));
+    std::vector<zf_engine_state_entry> entries(count);
+    check(zf_engine_state_layout(engine_, entries.data(), &count));
+    entries.resize(count);
+    return entries;
+  }
+
+  // A buffer of the parameters' array family (torch or numpy) for one state entry.
+  py::object empty(const zf_engine_state_entry& entry) const {
+    py::tuple shape(entry.ndim);
+    for (int d = 0; d < entry.ndim; ++d) shape[d] = entry.shape[d];
+    const char* dtype = entry.dtype == ZF_DTYPE_I32 ? "int32" : "float32";
+    if (torch_params_) {
+      const py::module_ torch = py::module_::import("torch");
+      return torch.attr("empty")(shape, py::arg("dtype") = torch.attr(dtype));
+    }
+    return py::module_::import("numpy").attr("empty")(shape, py::arg("dtype") = dtype);
+  }
+
+  // The engine wrote the parameters in place: bump their autograd versions, as torch's own
+  // optimizers do, so a backward through a graph built before the step raises.
+  void bump_params() {
+    if (!torch_params_) return;
+    static py::object increment_version = py::module_::import("torch").attr("_C").attr("_increment_version");
+    increment_version(params_);
+  }
+
+  zf_engine* engine_ = nullptr;
+  py::list params_;  // keeps the parameters alive at the addresses the engine holds
+  py::list submitted_;
+  size_t group_count_ = 0;
+  bool torch_params_ = false;
+};
+
+}  // namespace
+
+void register_engine(py::module_& m) {
+  py::class_<PyEngine>(m, "Engine", R"doc(
+The zenflow engine: the whole stall-free pipeline as one object (see docs/design.md).
+
+Engine(params, groups, config=None)
+  params: list of CPU tensors (fp32, bf16 or fp16, contiguous), updated in place. Keep them
+          alive and at the same address for the engine's lifetime.
+  groups: list of dicts {"params": [indices into params], "lr": float,
+          "weight_decay": float (0), "dense": bool (False)}; each parameter in exactly one.
+  config: dict of engine settings (topk_ratio, update_interval, overlap_step, ...); missing
+          keys take their defaults (zf_engine_config_default in engine.h).
+)doc")
+      .def(py::init<const py::object&, const py::object&, const py::object&>(), py::arg("params"), py::arg("groups"),
+           py::arg("config") = py::none())
+      .def("step", &PyEngine::step, py::arg("grads"), py::arg("lrs") = py::none(),
+           "One step with gradients aligned with params; lrs: one learning rate per group (None: the groups' own).")
+      .def("begin_step", &PyEngine::begin_step, py::arg("lrs") = py::none())
+      .def("submit", &PyEngine::submit, py::arg("first"), py::arg("grads"),
+           "Gradients of params[first : first + len(grads)]; they must stay unchanged until end_step.")
+      .def("end_step", &PyEngine::end_step)
+      .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
+      .def("stats", &PyEngine::stats)
+      .def_property_readonly("loss_scale", &PyEngine::loss_scale)
+      .def("device_memory_size", &PyEngine::device_memory_size)
+      .def("state_dict", &PyEngine::state_dict,
+           "Flushes, then returns the optimizer state (independent of the selection).")
+      .def("load_state_dict", &PyEngine::load_state_dict, py::arg("state"))
+      .def("close", &PyEngine::close, "Joins the host lane and frees the engine; later calls raise.");
+}
+
+}  // namespace zf_py
