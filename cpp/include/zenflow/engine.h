@@ -215,6 +215,10 @@ typedef enum zf_engine_state_kind {
   ZF_STATE_WINDOW_ENERGY = 6
 } zf_engine_state_kind;
 
+/* The entry's name as the Python state_dict spells it ("master", "exp_avg", ...);
+ * "unknown" for a value outside the enum. A static string. */
+ZF_API const char* zf_engine_state_kind_name(zf_engine_state_kind kind);
+
 typedef struct zf_engine_state_entry {
   int32_t param; /* parameter index */
   zf_engine_state_kind kind;

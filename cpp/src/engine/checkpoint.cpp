@@ -13,25 +13,7 @@
 namespace zf {
 namespace {
 
-const char* kind_name(zf_engine_state_kind kind) {
-  switch (kind) {
-    case ZF_STATE_MASTER:
-      return "master";
-    case ZF_STATE_EXP_AVG:
-      return "exp_avg";
-    case ZF_STATE_EXP_AVG_SQ:
-      return "exp_avg_sq";
-    case ZF_STATE_STEPS:
-      return "steps";
-    case ZF_STATE_SELECTED:
-      return "selected";
-    case ZF_STATE_WINDOW_SCORE:
-      return "window_score";
-    case ZF_STATE_WINDOW_ENERGY:
-      return "window_energy";
-  }
-  return "?";
-}
+const char* kind_name(zf_engine_state_kind kind) { return zf_engine_state_kind_name(kind); }
 
 zf_engine_state_entry entry(size_t param, zf_engine_state_kind kind, zf_dtype dtype, int32_t ndim,
                             const int64_t* shape) {
@@ -279,3 +261,27 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
 }
 
 }  // namespace zf
+
+extern "C" ZF_API const char* zf_engine_state_kind_name(zf_engine_state_kind kind) {
+  int raw = 0;  // an out-of-range value passed by value: read the integer, never the enum
+  static_assert(sizeof(kind) == sizeof(raw), "C enums are int-sized");
+  std::memcpy(&raw, &kind, sizeof(raw));
+  switch (raw) {
+    case ZF_STATE_MASTER:
+      return "master";
+    case ZF_STATE_EXP_AVG:
+      return "exp_avg";
+    case ZF_STATE_EXP_AVG_SQ:
+      return "exp_avg_sq";
+    case ZF_STATE_STEPS:
+      return "steps";
+    case ZF_STATE_SELECTED:
+      return "selected";
+    case ZF_STATE_WINDOW_SCORE:
+      return "window_score";
+    case ZF_STATE_WINDOW_ENERGY:
+      return "window_energy";
+    default:
+      return "unknown";
+  }
+}

@@ -147,26 +147,6 @@ zf_engine_config parse_config(const py::dict& config) {
   return c;
 }
 
-const char* state_key(zf_engine_state_kind kind) {
-  switch (kind) {
-    case ZF_STATE_MASTER:
-      return "master";
-    case ZF_STATE_EXP_AVG:
-      return "exp_avg";
-    case ZF_STATE_EXP_AVG_SQ:
-      return "exp_avg_sq";
-    case ZF_STATE_STEPS:
-      return "steps";
-    case ZF_STATE_SELECTED:
-      return "selected";
-    case ZF_STATE_WINDOW_SCORE:
-      return "window_score";
-    case ZF_STATE_WINDOW_ENERGY:
-      return "window_energy";
-  }
-  return "unknown";
-}
-
 // The schedule counters by name, in the order of engine.h's ZF_COUNTER_* positions.
 constexpr const char* kScheduleKeys[] = {
     "step", "window", "window_steps", "since_selection", "selections", "has_previous_window"};
@@ -339,7 +319,7 @@ class PyEngine {
       const size_t param = static_cast<size_t>(entries[i].param);
       while (py::len(per_param) <= param) per_param.append(py::dict());
       py::dict entry = per_param[param];
-      entry[state_key(entries[i].kind)] = buffers[i];
+      entry[zf_engine_state_kind_name(entries[i].kind)] = buffers[i];
     }
     py::dict schedule;
     for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c)
@@ -376,7 +356,7 @@ class PyEngine {
       const py::handle saved = PySequence_Fast_GET_ITEM(per_param.ptr(), entry.param);
       if (!py::isinstance<py::dict>(saved)) throw py::type_error(name + ": expected a dict");
       const py::dict saved_dict = py::reinterpret_borrow<py::dict>(saved);
-      const char* key = state_key(entry.kind);
+      const char* key = zf_engine_state_kind_name(entry.kind);
       if (!saved_dict.contains(key)) {
         throw py::value_error(name + ": missing \"" + key + "\" (the state of another model or configuration)");
       }
