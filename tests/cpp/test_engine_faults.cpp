@@ -1,7 +1,5 @@
 // The engine's checkpoints, faults and process safety on the host backend.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +10,7 @@
 
 #include "engine/testing.hpp"
 #include "test_engine_util.hpp"
+#include "test_fork.hpp"
 
 namespace {
 
@@ -315,49 +314,29 @@ TEST(EngineFaults, ForkedChildCreatesAndUsesItsOwnEngine) {
   zenflow::Engine parent(model.tensors(), model.param_groups, model.groups, c);
   std::vector<HostTensor> g = make_grads(model, 1);
   parent.step(tensors_of(g));  // the parent's lanes are running
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int code = 0;
-    try {
-      Model child_model = standard_model();
-      zenflow::Engine child(child_model.tensors(), child_model.param_groups, child_model.groups, c);
-      for (int64_t t = 1; t <= 6; ++t) {
-        std::vector<HostTensor> cg = make_grads(child_model, t);
-        child.step(tensors_of(cg));
-      }
-      child.flush();
-      code = child.stats().steps == 6 ? 0 : 2;
-      // The parent's engine, copied into the child, refuses to run (its threads are the
-      // parent's), and destroying it here returns instead of joining threads that do not exist.
-      try {
-        parent.step(tensors_of(g));
-        code = 4;
-      } catch (const zenflow::Error& e) {
-        if (std::string(e.what()).find("forked") == std::string::npos) code = 5;
-      }
-      parent.reset();
-    } catch (...) {
-      code = 3;
-    }
-    _exit(code);
-  }
-  // Wait with a bound: a hang in the child fails the test instead of the run.
-  int status = 0;
-  pid_t done = 0;
-  for (int waited_ms = 0; waited_ms < 20000 && done == 0; waited_ms += 5) {
-    done = waitpid(pid, &status, WNOHANG);
-    if (done == 0) usleep(5000);
-  }
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "the forked child hung";
-  }
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const int status = zf_test::run_in_child(
+      [&] {
+        Model child_model = standard_model();
+        zenflow::Engine child(child_model.tensors(), child_model.param_groups, child_model.groups, c);
+        for (int64_t t = 1; t <= 6; ++t) {
+          std::vector<HostTensor> cg = make_grads(child_model, t);
+          child.step(tensors_of(cg));
+        }
+        child.flush();
+        int code = child.stats().steps == 6 ? 0 : 2;
+        // The parent's engine, copied into the child, refuses to run (its threads are the
+        // parent's), and destroying it here returns instead of joining threads that do not exist.
+        try {
+          parent.step(tensors_of(g));
+          code = 4;
+        } catch (const zenflow::Error& e) {
+          if (std::string(e.what()).find("forked") == std::string::npos) code = 5;
+        }
+        parent.reset();
+        return code;
+      },
+      20.0);
+  EXPECT_EQ(status, 0) << "the forked child failed (-1: it hung)";
   parent.step(tensors_of(g));  // the parent is unaffected
 }
 
@@ -374,39 +353,26 @@ TEST(EngineFaults, ExitingWithAnEngineMidWindowDoesNotHang) {
 #ifdef ZF_TEST_UNDER_TSAN
   GTEST_SKIP() << "ThreadSanitizer does not support threads in a child forked from a multi-threaded process";
 #endif
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // Never destroyed: exit() runs with the engine's lanes alive, a window open and an update
-    // in flight, as an interpreter exiting without closing the optimizer does.
-    static Model model = standard_model();
-    zf_engine_config c = test_config();
-    c.host_threads = 2;
-    c.update_interval = 2;
-    // (reachable from a static, so leak checkers do not count it)
-    static zenflow::Engine* engine = new zenflow::Engine(model.tensors(), model.param_groups, model.groups, c);
-    for (int64_t t = 1; t <= 3; ++t) {
-      std::vector<HostTensor> g = make_grads(model, t);
-      engine->step(tensors_of(g));
-    }
-    exiting_child_skips_leak_check = true;
-    std::exit(0);
-  }
-  int status = 0;
-  pid_t done = 0;
-  for (int waited_ms = 0; waited_ms < 20000 && done == 0; waited_ms += 5) {
-    done = waitpid(pid, &status, WNOHANG);
-    if (done == 0) usleep(5000);
-  }
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "exit() hung with a live engine";
-  }
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const int status = zf_test::run_in_child(
+      [] {
+        // Never destroyed: exit() runs with the engine's lanes alive, a window open and an update
+        // in flight, as an interpreter exiting without closing the optimizer does.
+        static Model model = standard_model();
+        zf_engine_config c = test_config();
+        c.host_threads = 2;
+        c.update_interval = 2;
+        // (reachable from a static, so leak checkers do not count it)
+        static zenflow::Engine* engine = new zenflow::Engine(model.tensors(), model.param_groups, model.groups, c);
+        for (int64_t t = 1; t <= 3; ++t) {
+          std::vector<HostTensor> g = make_grads(model, t);
+          engine->step(tensors_of(g));
+        }
+        exiting_child_skips_leak_check = true;
+        std::exit(0);
+        return 1;  // not reached: std::exit(0) above
+      },
+      20.0);
+  EXPECT_EQ(status, 0) << "exit() with a live engine failed (-1: it hung)";
 }
 
 // ---- features that need the engine end to end ----

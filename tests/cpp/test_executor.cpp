@@ -2,9 +2,6 @@
 // WorkQueue (priorities between chunks, FIFO, errors, destruction) and the global pool
 // across fork() and exit().
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "common/thread_pool.hpp"
+#include "test_fork.hpp"
 #include "zenflow/zenflow.hpp"
 
 namespace {
@@ -94,45 +92,6 @@ class ScopedThreadStartFailure {
   ScopedThreadStartFailure(const ScopedThreadStartFailure&) = delete;
   ScopedThreadStartFailure& operator=(const ScopedThreadStartFailure&) = delete;
 };
-
-// Runs `body` in a forked child and returns its exit status: the child's exit code, 128 +
-// the signal that killed it, or -1 when it was still running after `timeout_seconds` (it is
-// then killed). The child never returns into the test framework: it ends with _exit()
-// unless `body` itself exits.
-int run_in_child(const std::function<int()>& body, double timeout_seconds = 10.0) {
-  std::fflush(stdout);  // or the child's exit() would flush the parent's buffered output twice
-  std::fflush(stderr);
-  const pid_t child = fork();
-  if (child < 0) return -2;
-  if (child == 0) {
-    int code = 97;
-    try {
-      code = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: exception: %s\n", e.what());
-      code = 98;
-    } catch (...) {
-      code = 99;
-    }
-    _exit(code);
-  }
-  const auto start = Clock::now();
-  for (;;) {
-    int status = 0;
-    const pid_t done = waitpid(child, &status, WNOHANG);
-    if (done == child) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-      return -3;
-    }
-    if (milliseconds_since(start) > timeout_seconds * 1000.0) {
-      kill(child, SIGKILL);
-      waitpid(child, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
 
 // What a forked child checks: the global pool runs a region on every one of its threads,
 // and resizing works.
@@ -287,7 +246,7 @@ TEST(Executor, RefusedThreadKeepsTheOldGlobalPool) {
 // reports 1 and the reason instead of letting an exception out of extern "C". A forked child
 // has no global pool yet, so the first use can be made to fail there.
 TEST(Executor, GetNumThreadsReportsAFailedDefaultPool) {
-  const int status = run_in_child([] {
+  const int status = zf_test::run_in_child([] {
     zf::set_default_thread_count_for_testing(3);
     zf::set_thread_start_failure_for_testing(2);
     if (zf_get_num_threads() != 1) return 2;
@@ -490,7 +449,7 @@ TEST(Fork, ChildUsesTheGlobalPoolAfterFork) {
   std::atomic<int> ran{0};
   zf::global_thread_pool()->run([&](int, int) { ran++; });
   ASSERT_EQ(ran.load(), 2);
-  EXPECT_EQ(run_in_child(child_uses_global_pool), 0);
+  EXPECT_EQ(zf_test::run_in_child(child_uses_global_pool), 0);
 }
 
 // Forked while another thread is inside a region of the global pool: the child inherits the
@@ -509,7 +468,7 @@ TEST(Fork, ChildUsesTheGlobalPoolWhenForkedDuringARegion) {
       }
     });
     ASSERT_TRUE(wait_until([&] { return inside.load(); }));
-    for (int fork_round = 0; fork_round < 3; ++fork_round) EXPECT_EQ(run_in_child(child_uses_global_pool), 0);
+    for (int fork_round = 0; fork_round < 3; ++fork_round) EXPECT_EQ(zf_test::run_in_child(child_uses_global_pool), 0);
     stop = true;
     busy.join();
   }
@@ -534,7 +493,7 @@ struct RegionsStillCompleteLateInExit {
 // exit() runs static destructors while other threads may still be inside ops; the global pool
 // must not be destroyed under them. The child exits from main while a thread loops on regions.
 TEST(Fork, ExitWhileAnotherThreadRunsRegions) {
-  const int status = run_in_child([] {
+  const int status = zf_test::run_in_child([] {
     if (zf_set_num_threads(2, nullptr, 0) != ZF_SUCCESS) return 2;
     auto* regions = new std::atomic<int>(0);  // outlives exit(): the loop never stops
     regions_completed_in_exiting_child = regions;
