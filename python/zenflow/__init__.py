@@ -11,6 +11,7 @@ import warnings
 from . import ops
 from ._native import native
 from .cpu_adamw import CPUAdamW, default_num_threads
+from .optimizer import ZenFlowAdamW, format_stats
 from .ops._args import integer
 
 __version__ = "0.1.0"
@@ -27,6 +28,8 @@ __all__ = [
     "info",
     "CPUAdamW",
     "default_num_threads",
+    "ZenFlowAdamW",
+    "format_stats",
 ]
 
 _LEVELS = ("scalar", "avx2", "avx512")

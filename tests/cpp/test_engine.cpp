@@ -272,6 +272,14 @@ std::vector<HostTensor> determinism_run(int compute_threads, int host_threads, i
     if (split_parts == 0) {
       engine.step(g, step_lrs(model, t));
     } else {
+      if (split_parts == 2) {
+        // a backward that failed half way: other gradients submitted, then the step discarded
+        std::vector<HostTensor> failed = make_grads(model, t + 100, true, 3);
+        std::vector<zf_tensor> f = tensors_of(failed);
+        engine.begin_step(step_lrs(model, t + 100));
+        engine.submit(2, std::vector<zf_tensor>(f.begin() + 2, f.end()));
+        engine.abort_step();
+      }
       engine.begin_step(step_lrs(model, t));
       // submit in reverse order of ranges, as a backward pass would
       std::vector<size_t> cuts = {0, 2, 3, g.size()};
@@ -290,10 +298,11 @@ std::vector<HostTensor> determinism_run(int compute_threads, int host_threads, i
   return out;
 }
 
-TEST(EngineDeterminism, BitwiseAcrossRunsPoolSizesAndTheSplitForm) {
+TEST(EngineDeterminism, BitwiseAcrossRunsPoolSizesTheSplitFormAndAbortedSteps) {
   const std::vector<HostTensor> base = determinism_run(1, 1, 0);
   const std::vector<std::vector<HostTensor>> others = {determinism_run(1, 1, 0), determinism_run(3, 2, 0),
-                                                       determinism_run(2, 3, 1), determinism_run(1, 1, 1)};
+                                                       determinism_run(2, 3, 1), determinism_run(1, 1, 1),
+                                                       determinism_run(1, 2, 2)};
   for (const auto& other : others) {
     ASSERT_EQ(other.size(), base.size());
     for (size_t i = 0; i < base.size(); ++i) EXPECT_TRUE(base[i].bitwise_equal(other[i])) << "buffer " << i;

@@ -158,6 +158,14 @@ ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_
 ZF_API zf_status zf_engine_begin_step(zf_engine* engine, const double* lrs, size_t lr_count);
 ZF_API zf_status zf_engine_submit(zf_engine* engine, size_t first, const zf_tensor* grads, size_t count);
 ZF_API zf_status zf_engine_end_step(zf_engine* engine);
+/*
+ * Discards an open split step (the training loop failed between begin_step and end_step):
+ * the submitted gradients are forgotten and the engine is as before begin_step. With no
+ * split step open it does nothing. The host backend starts a step's work at end_step, so the
+ * discard is always complete there; a backend that starts work at submit undoes it or, where
+ * it cannot, reports ZF_ERROR_INVALID_VALUE and keeps a sticky error until a state is loaded.
+ */
+ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
 
 /* Applies the in-flight host update, then runs and applies the open window's (if any step
  * was accumulated): afterwards the parameters hold the exact current weights and the host

@@ -359,6 +359,7 @@ class Engine {
     check(zf_engine_submit(engine_, first, grads.data(), grads.size()));
   }
   void end_step() { check(zf_engine_end_step(engine_)); }
+  void abort_step() { check(zf_engine_abort_step(engine_)); }
   void flush() { check(zf_engine_flush(engine_)); }
 
   zf_engine_stats stats() const {

@@ -43,6 +43,7 @@ class Engine {
   void begin_step(const double* lrs, size_t lr_count);
   void submit(size_t first, const zf_tensor* grads, size_t count);
   void end_step();
+  void abort_step();
   void flush();
 
   zf_engine_stats stats() const;

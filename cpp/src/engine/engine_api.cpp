@@ -123,6 +123,10 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine) {
   return zf::api_call([&] { get(engine).end_step(); });
 }
 
+ZF_API zf_status zf_engine_abort_step(zf_engine* engine) {
+  return zf::api_call([&] { get(engine).abort_step(); });
+}
+
 ZF_API zf_status zf_engine_flush(zf_engine* engine) {
   return zf::api_call([&] { get(engine).flush(); });
 }

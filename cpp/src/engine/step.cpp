@@ -66,6 +66,16 @@ void Engine::end_step() {
   run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr);
 }
 
+void Engine::abort_step() {
+  // The host backend does a split step's work only at end_step, so forgetting the submitted
+  // gradients undoes it completely. No split step open: nothing to do.
+  in_split_step_ = false;
+  submitted_.clear();
+  submitted_flags_.clear();
+  split_lrs_.clear();
+  split_has_lrs_ = false;
+}
+
 size_t Engine::find_nonfinite(const zf_tensor* grads) const {
   // Rare path: one statistics pass per parameter to name the first non-finite one.
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -262,6 +262,12 @@ class PyEngine {
     bump_params();
   }
 
+  void abort_step() {
+    zf_engine* engine = live();
+    call([&] { return zf_engine_abort_step(engine); });
+    submitted_ = py::list();
+  }
+
   void flush() {
     zf_engine* engine = live();
     call([&] { return zf_engine_flush(engine); });
@@ -473,6 +479,8 @@ Engine(params, groups, config=None)
       .def("submit", &PyEngine::submit, py::arg("first"), py::arg("grads"),
            "Gradients of params[first : first + len(grads)]; they must stay unchanged until end_step.")
       .def("end_step", &PyEngine::end_step)
+      .def("abort_step", &PyEngine::abort_step,
+           "Discards an open split step (a failed backward): the engine is as before begin_step.")
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
       .def("stats", &PyEngine::stats)
       .def_property_readonly("loss_scale", &PyEngine::loss_scale)

@@ -1,0 +1,787 @@
+"""zenflow.ZenFlowAdamW: the zenflow engine as a torch.optim optimizer.
+
+Every decision of the pipeline (selection, windows, host updates, overlap, clipping, loss
+scaling, checkpoints) is the engine's (zenflow._C.Engine, docs/design.md section 7). This
+file only maps torch's optimizer interface onto it: parameter groups to engine groups, the
+gradients of a step to one engine call, torch-style state dicts to the engine's checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable
+
+import torch
+
+from ._native import native
+from .config import (
+    ENGINE_DEFAULTS,
+    check_hyperparameters,
+    check_settings,
+    engine_config,
+    settings_from_deepspeed,
+)
+
+__all__ = ["ZenFlowAdamW", "format_stats"]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The per-parameter entries of the engine's checkpoint (engine.h: zf_engine_state_kind).
+_MATRIX_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps", "selected", "window_score", "window_energy")
+_DENSE_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps")
+_INT_KEYS = ("steps", "selected")
+_SCHEDULE_KEYS = ("step", "window", "window_steps", "since_selection", "selections", "has_previous_window", "skipped")
+# torch.optim.AdamW's group flags that have no meaning here, and the values we can honour.
+_TORCH_ADAMW_FLAGS = {
+    "amsgrad": False,
+    "maximize": False,
+    "capturable": None,
+    "differentiable": False,
+    "foreach": None,
+    "fused": None,
+    "decoupled_weight_decay": True,
+}
+_STATE_FORMAT = 1
+
+
+def _columns(p: torch.Tensor) -> int:
+    return p.numel() // p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 0
+
+
+def _fresh_entry(p: torch.Tensor, matrix: bool) -> dict[str, torch.Tensor]:
+    """The engine's state of a parameter that has not taken a step."""
+    entry = {
+        "master": p.detach().to("cpu", torch.float32).contiguous().clone(),
+        "exp_avg": torch.zeros(p.shape, dtype=torch.float32),
+        "exp_avg_sq": torch.zeros(p.shape, dtype=torch.float32),
+    }
+    if not matrix:
+        entry["steps"] = torch.zeros(1, dtype=torch.int32)
+        return entry
+    n = _columns(p)
+    entry["steps"] = torch.zeros(n, dtype=torch.int32)
+    entry["selected"] = torch.zeros(0, dtype=torch.int32)
+    entry["window_score"] = torch.zeros(2, n, dtype=torch.float32)
+    entry["window_energy"] = torch.zeros(2, dtype=torch.float32)
+    return entry
+
+
+class _Layout:
+    """Which parameters the engine holds, in which order, and each group's engine settings."""
+
+    def __init__(self, param_groups: list[dict]):
+        self.params: list[torch.Tensor] = []
+        self.frozen: list[torch.Tensor] = []
+        self.groups: list[dict] = []
+        self.matrix: list[bool] = []
+        for group in param_groups:
+            indices = []
+            for p in group["params"]:
+                if not p.requires_grad:
+                    self.frozen.append(p)
+                    continue
+                indices.append(len(self.params))
+                self.params.append(p)
+                self.matrix.append(p.dim() >= 2 and bool(group["zenflow"]))
+            self.groups.append(
+                {
+                    "params": indices,
+                    "lr": float(group["lr"]),
+                    "weight_decay": float(group["weight_decay"]),
+                    "dense": not group["zenflow"],
+                }
+            )
+        self.index_of = {id(p): i for i, p in enumerate(self.params)}
+        self.grad_bytes = [p.numel() * p.element_size() for p in self.params]
+
+
+def _snapshot(param_groups: list[dict]) -> list[tuple]:
+    """What, when it changes, needs a new engine (the engine fixes these at creation)."""
+    return [
+        (float(g["weight_decay"]), tuple(g["betas"]), float(g["eps"]), bool(g["zenflow"]), len(g["params"]))
+        for g in param_groups
+    ]
+
+
+class _OverlapHandle:
+    """What overlap_backward returns: remove() unregisters the hooks."""
+
+    def __init__(self, optimizer: ZenFlowAdamW, handles: list):
+        self._optimizer = optimizer
+        self._handles = handles
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._optimizer._overlap_handle is self:
+            self._optimizer._overlap_handle = None
+
+
+class ZenFlowAdamW(torch.optim.Optimizer):
+    """AdamW with zenflow's stall-free offload, for custom PyTorch training loops.
+
+    Each step the `topk_ratio` most important columns of every matrix (by the gradient's
+    column norm) get AdamW at once; the other columns' gradients are accumulated and applied
+    by zenflow's multithreaded CPU AdamW once per window of `update_interval` steps, in the
+    background (`overlap_step`). One-dimensional parameters, and every parameter of a group
+    with ``"zenflow": False``, are dense: plain AdamW every step. The algorithm, its exact
+    cases and the state layout: docs/design.md.
+
+    Use it as any torch optimizer::
+
+        opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        for batch in data:
+            loss = model(batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        opt.flush()  # the parameters now hold the exact current weights
+
+    Parameters and groups. Parameters are updated in place and must stay where they are
+    (no `.to()` after construction). Each group may have its own `lr` (schedulers from
+    torch.optim.lr_scheduler work unchanged: the host update of a window uses the lr of the
+    window's last step) and `weight_decay`; `betas` and `eps` are shared by all groups.
+    Changing a group's `weight_decay`, `betas`, `eps` or `zenflow` flag, or calling
+    `add_param_group`, takes effect at the next step at the cost of one `flush()`.
+    Parameters that do not require grad are left alone; one that starts requiring grad
+    joins (with fresh state) at the first step where it has a gradient. A parameter that
+    requires grad but has no gradient in a step (`grad is None`) steps with a zero gradient,
+    as DeepSpeed does: its moments decay and weight decay applies; torch.optim.AdamW would
+    skip it. A step where no parameter has a gradient does nothing.
+
+    Placement. Parameters on the CPU run on the engine's host backend. CUDA parameters will
+    run on the engine's CUDA backend, which is not built yet: they raise ValueError naming
+    the parameter.
+
+    Precision. float32, bfloat16 and float16 parameters; the optimizer state is float32,
+    with an fp32 master copy of low-precision parameters (`master_weights="fp32"`).
+    `loss_scaling="auto"` turns on the engine's dynamic loss scaling when a parameter is
+    float16: scale the loss with ``opt.scale_loss(loss).backward()``; an overflow step is
+    skipped everywhere and the scale backs off, as torch.amp.GradScaler does. With
+    `loss_scaling="none"` (the default for float32/bfloat16), torch.amp.GradScaler
+    interoperates: ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``
+    (GradScaler hands this optimizer its scale and overflow flag; the step unscales the
+    gradients, or is skipped on an overflow). Using GradScaler together with zenflow's own
+    loss scaling, or with `overlap_backward`, raises ValueError.
+
+    Clipping. `max_grad_norm` clips by the global norm of all gradients, computed in the
+    engine's fused statistics pass (no second read); `stats()["last_global_norm"]` is the
+    norm before clipping.
+
+    Overlap with backward. ``opt.overlap_backward(model)`` registers post-accumulate-grad
+    hooks that hand gradients to the engine in buckets while backward runs; `step()` then
+    finishes the step. The result is bit for bit that of a plain `step()`. With gradient
+    accumulation, every micro-batch's backward but the last runs inside ``opt.no_sync()``
+    (as with DDP), so that only the last one submits.
+
+    Checkpoints. `state_dict()` flushes, then returns tensors and plain Python values in
+    torch's layout ({"state", "param_groups"} plus a "zenflow" entry with the schedule and
+    the loss scaler): torch.save and torch.distributed.checkpoint round-trip it. It loads
+    into an optimizer of the same model with another topk_ratio, thread count or backend; a
+    torch.optim.AdamW state dict loads too. Loading continues the exact trajectory.
+
+    Threads. `num_threads` host threads run the CPU AdamW and the accumulates (None: the
+    cores `pt_reserved_cores_perc` leaves over, at least one). Call `close()` (or drop the
+    optimizer) to join them; interpreter exit joins them too.
+    """
+
+    # torch.amp.GradScaler: hand us grad_scale / found_inf instead of unscaling gradients
+    # itself, so that we can tell it is in use (see step()).
+    _step_supports_amp_scaling = True
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        topk_ratio: float = ENGINE_DEFAULTS["topk_ratio"],
+        update_interval: int | str = ENGINE_DEFAULTS["update_interval"],
+        select_strategy: str = ENGINE_DEFAULTS["select_strategy"],
+        select_interval: int | str = ENGINE_DEFAULTS["select_interval"],
+        full_warm_up_rounds: int = ENGINE_DEFAULTS["full_warm_up_rounds"],
+        overlap_step: bool = ENGINE_DEFAULTS["overlap_step"],
+        max_grad_norm: float | None = ENGINE_DEFAULTS["max_grad_norm"],
+        auto_ratio: float = ENGINE_DEFAULTS["auto_ratio"],
+        max_update_interval: int = ENGINE_DEFAULTS["max_update_interval"],
+        master_weights: str = ENGINE_DEFAULTS["master_weights"],
+        selection_score: str = ENGINE_DEFAULTS["selection_score"],
+        steps_per_epoch: int | None = ENGINE_DEFAULTS["steps_per_epoch"],
+        num_threads: int | None = ENGINE_DEFAULTS["num_threads"],
+        pt_reserved_cores_perc: float = ENGINE_DEFAULTS["pt_reserved_cores_perc"],
+        loss_scaling: str = ENGINE_DEFAULTS["loss_scaling"],
+        initial_scale: float = ENGINE_DEFAULTS["initial_scale"],
+        growth_factor: float = ENGINE_DEFAULTS["growth_factor"],
+        backoff_factor: float = ENGINE_DEFAULTS["backoff_factor"],
+        growth_interval: int = ENGINE_DEFAULTS["growth_interval"],
+        bucket_bytes: int = ENGINE_DEFAULTS["bucket_bytes"],
+    ):
+        check_hyperparameters(lr, betas, eps, weight_decay)
+        given = dict(locals())
+        self._settings = check_settings({key: given[key] for key in ENGINE_DEFAULTS})
+        self._engine = None
+        self._layout: _Layout | None = None
+        self._snapshot: list[tuple] = []
+        self._zero_grads: dict[int, torch.Tensor] = {}
+        self._overlap_handle: _OverlapHandle | None = None
+        self._no_sync_depth = 0
+        self._split: dict | None = None  # the open split step of overlap_backward
+        self._loss_scaled = False
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "zenflow": True}
+        super().__init__(params, defaults)
+        self._rebuild_engine()
+
+    @classmethod
+    def from_config(cls, params: Iterable, config: Any, **overrides: Any) -> ZenFlowAdamW:
+        """An optimizer from a DeepSpeed-style configuration (a dict or a JSON file's path):
+        its `zenflow` block (keys and values as DeepSpeed takes them; missing keys take
+        DeepSpeed's defaults), its optimizer `params` block (lr, betas, eps, weight_decay),
+        `gradient_clipping` (max_grad_norm) and `fp16` (dynamic loss scaling). Keyword
+        `overrides` win over the file (for example num_threads or steps_per_epoch)."""
+        hyper, settings = settings_from_deepspeed(config)
+        for key in overrides:
+            if key not in ENGINE_DEFAULTS and key not in ("lr", "betas", "eps", "weight_decay"):
+                raise ValueError(f"{key}: unknown ZenFlowAdamW keyword")
+        return cls(params, **{**hyper, **settings, **overrides})
+
+    # ---- groups ----
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group, plus zenflow's checks (CPU placement, dtype, layout,
+        hyper-parameters). A rejected group changes nothing. The engine takes the new group
+        at the next step."""
+        index = len(self.param_groups)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            where = f"param_groups[{index}]."
+            check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"], where)
+            if not isinstance(group["zenflow"], bool):
+                raise TypeError(f"{where}zenflow: expected a bool, got {type(group['zenflow']).__name__}")
+            for j, p in enumerate(group["params"]):
+                name = f"param_groups[{index}]['params'][{j}]"
+                if p.device.type != "cpu":
+                    raise ValueError(
+                        f"{name}: on {p.device}. ZenFlowAdamW runs parameters on the engine's host backend "
+                        "(CPU); the CUDA backend is not built yet. Keep the model on the CPU."
+                    )
+                if p.dtype not in _SUPPORTED_DTYPES:
+                    raise TypeError(f"{name}: dtype {p.dtype}; expected float32, bfloat16 or float16")
+                if p.layout != torch.strided or not p.is_contiguous():
+                    raise ValueError(f"{name}: must be a dense contiguous tensor")
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+
+    # ---- the engine ----
+
+    def _loss_scaling_mode(self, layout: _Layout) -> str:
+        mode = self._settings["loss_scaling"]
+        if mode == "auto":
+            mode = "dynamic" if any(p.dtype == torch.float16 for p in layout.params) else "none"
+        return mode
+
+    def _new_engine(self, layout: _Layout) -> tuple[Any, str]:
+        groups = self.param_groups
+        for g, group in enumerate(groups[1:], start=1):
+            if tuple(group["betas"]) != tuple(groups[0]["betas"]) or group["eps"] != groups[0]["eps"]:
+                raise ValueError(
+                    f"param_groups[{g}]: betas and eps must be the same in every group "
+                    f"(the engine has one pair); got {group['betas']}, {group['eps']} against "
+                    f"{groups[0]['betas']}, {groups[0]['eps']}"
+                )
+        mode = self._loss_scaling_mode(layout)
+        config = engine_config(self._settings, tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode)
+        return native().Engine(layout.params, layout.groups, config), mode
+
+    def _rebuild_engine(self, state: dict | None = None) -> None:
+        """A new engine for the current groups. Its state: `state` (engine format) when
+        given, else the current engine's (flushed, carried over by parameter identity), with
+        fresh state for parameters the old engine did not hold. Nothing changes on failure."""
+        layout = _Layout(self.param_groups)
+        if state is None and self._engine is not None:
+            state = self._carry_over(layout)
+        engine, mode = self._new_engine(layout)
+        try:
+            if state is not None:
+                engine.load_state_dict(state)
+        except BaseException:
+            engine.close()
+            raise
+        if self._engine is not None:
+            self._engine.close()
+        self._engine, self._layout, self._loss_scaling = engine, layout, mode
+        self._snapshot = _snapshot(self.param_groups)
+        self._zero_grads = {}
+
+    def _carry_over(self, layout: _Layout) -> dict:
+        old_layout = self._layout
+        old = self._engine.state_dict()  # flushes
+        entries = []
+        for i, p in enumerate(layout.params):
+            j = old_layout.index_of.get(id(p))
+            if j is None:
+                entries.append(_fresh_entry(p, layout.matrix[i]))
+                continue
+            if old_layout.matrix[j] != layout.matrix[i]:
+                raise ValueError(
+                    "param_groups: a parameter moved between a zenflow group and a dense one "
+                    "(\"zenflow\" changed) after it took steps; its per-column step counts cannot "
+                    "become one dense count"
+                )
+            entries.append(old["params"][j])
+        return {"params": entries, "schedule": old["schedule"], "loss_scaler": old["loss_scaler"]}
+
+    def _engine_is_stale(self, layout: _Layout) -> bool:
+        if _snapshot(self.param_groups) != self._snapshot:
+            return True
+        return any(p.requires_grad and p.grad is not None for p in layout.frozen)
+
+    def close(self) -> None:
+        """Joins the engine's host threads and frees its memory; later steps raise."""
+        if self._overlap_handle is not None:
+            self._overlap_handle.remove()
+        if self._engine is not None:
+            self._engine.close()
+
+    # ---- the step ----
+
+    def _learning_rates(self) -> list[float]:
+        return [float(group["lr"]) for group in self.param_groups]
+
+    def _gradient(self, p: torch.Tensor) -> torch.Tensor:
+        g = p.grad
+        if g is None:
+            g = self._zero_grads.get(id(p))
+            if g is None:
+                g = self._zero_grads[id(p)] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        return g
+
+    def _amp_scaler(self) -> tuple[bool, Any, Any]:
+        """(GradScaler in use, its scale or None when already unscaled, its overflow flag)."""
+        found_inf = getattr(self, "found_inf", None)
+        return found_inf is not None, getattr(self, "grad_scale", None), found_inf
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One optimizer step with the gradients in `.grad` (or those overlap_backward
+        already handed over). Returns closure's loss when a closure is given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        split, self._split = self._split, None
+        try:
+            self._step(split)
+        except BaseException:
+            if split is not None and self._engine is not None:
+                self._engine.abort_step()
+            raise
+        finally:
+            self._loss_scaled = False
+        return loss
+
+    def _step(self, split: dict | None) -> None:
+        using_scaler, grad_scale, found_inf = self._amp_scaler()
+        if using_scaler:
+            if self._loss_scaling == "dynamic":
+                raise ValueError(
+                    "torch.amp.GradScaler: zenflow's own dynamic loss scaling is on (float16 parameters "
+                    "or loss_scaling='dynamic'); use opt.scale_loss(loss) without GradScaler, or "
+                    "loss_scaling='none' with GradScaler"
+                )
+            if split is not None or self._overlap_handle is not None:
+                raise ValueError(
+                    "torch.amp.GradScaler with overlap_backward: the gradients were handed to the engine "
+                    "before GradScaler could unscale them; use loss_scaling='dynamic' and opt.scale_loss(loss)"
+                )
+            if found_inf.item() != 0:
+                return  # GradScaler's overflow: skip the step, as torch's optimizers do
+        elif self._loss_scaling == "dynamic" and not self._loss_scaled:
+            raise ValueError(
+                "loss_scaling: dynamic loss scaling is on (float16 parameters); scale the loss with "
+                "opt.scale_loss(loss).backward() before step()"
+            )
+
+        layout = self._layout
+        if self._engine_is_stale(layout):
+            if split is not None:
+                self._engine.abort_step()
+                split = None
+            self._rebuild_engine()
+            layout = self._layout
+        if split is not None:
+            self._finish_split(split)
+            return
+        grads = []
+        missing = 0
+        for p in layout.params:
+            g = p.grad
+            if g is None:
+                g = self._gradient(p)
+                missing += 1
+            grads.append(g)
+        if grads and missing == len(grads):
+            return  # no gradient at all: nothing to do, as torch's optimizers
+        if grad_scale is not None:
+            inverse = grad_scale.double().reciprocal().float()
+            torch._foreach_mul_([p.grad for p in layout.params if p.grad is not None], inverse)
+        self._engine.step(grads, self._learning_rates())
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad. A step that overlap_backward opened and step() did not finish
+        (a backward that raised) is discarded first: the engine is as before it."""
+        split, self._split = self._split, None
+        if split is not None:
+            self._engine.abort_step()
+        super().zero_grad(set_to_none=set_to_none)
+
+    # ---- loss scaling ----
+
+    @property
+    def loss_scale(self) -> float:
+        """The engine's current loss scale (1.0 without dynamic loss scaling)."""
+        return self._engine.loss_scale
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """loss times the current loss scale: call backward() on the result. Needed before
+        every step when dynamic loss scaling is on; harmless (a multiply by 1) otherwise."""
+        self._loss_scaled = True
+        if self._loss_scaling != "dynamic":
+            return loss
+        return loss * self._engine.loss_scale
+
+    # ---- overlap with backward ----
+
+    def overlap_backward(self, model: torch.nn.Module | None = None) -> _OverlapHandle:
+        """Hands gradients to the engine while backward runs: a post-accumulate-grad hook
+        on every parameter of `model` (all of this optimizer's parameters when None) submits
+        them in buckets of contiguous parameters of at least `bucket_bytes`. step() submits
+        the rest and finishes the step, bit for bit as a plain step(). Returns a handle whose
+        remove() unregisters the hooks. With gradient accumulation, run the backward of every
+        micro-batch but the last inside `with opt.no_sync():`."""
+        if self._overlap_handle is not None:
+            raise ValueError("overlap_backward: already registered (call remove() on its handle first)")
+        ours = {id(p) for group in self.param_groups for p in group["params"]}
+        if model is None:
+            targets = [p for group in self.param_groups for p in group["params"]]
+        else:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+            targets = [p for p in model.parameters() if id(p) in ours]
+        handles = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in targets]
+        self._overlap_handle = _OverlapHandle(self, handles)
+        return self._overlap_handle
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside this block do not hand gradients to the engine (gradient
+        accumulation: every micro-batch but the last)."""
+        self._no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._no_sync_depth -= 1
+
+    def _open_split(self) -> dict:
+        layout = self._layout
+        count = len(layout.params)
+        split = {
+            # 0: waiting for its gradient, 1: ready, not submitted, 2: submitted
+            "status": bytearray(count),
+            "run_start": [0] * count,  # at a run's last index: its first
+            "run_end": [0] * count,  # at a run's first index: its last
+            "run_bytes": [0] * count,  # at both ends of a run
+            "stale": self._engine_is_stale(layout),
+        }
+        if not split["stale"]:
+            self._engine.begin_step(self._learning_rates())
+        return split
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if self._no_sync_depth > 0 or self._engine is None:
+            return
+        i = self._layout.index_of.get(id(param))
+        if i is None:
+            return
+        split = self._split
+        if split is None:
+            split = self._split = self._open_split()
+        if split["stale"]:
+            return  # the groups changed: step() rebuilds the engine and takes a plain step
+        status = split["status"]
+        if status[i] != 0:
+            raise ValueError(
+                f"overlap_backward: the gradient of parameter {i} arrived twice in one step. With "
+                "gradient accumulation, run every micro-batch's backward but the last inside "
+                "opt.no_sync(); after a failed backward, call opt.zero_grad() before the next one"
+            )
+        start = end = i
+        total = self._layout.grad_bytes[i]
+        if i > 0 and status[i - 1] == 1:
+            start = split["run_start"][i - 1]
+            total += split["run_bytes"][i - 1]
+        if i + 1 < len(status) and status[i + 1] == 1:
+            end = split["run_end"][i + 1]
+            total += split["run_bytes"][i + 1]
+        status[i] = 1
+        if total >= self._settings["bucket_bytes"]:
+            self._submit(split, start, end + 1)
+            return
+        split["run_start"][end] = start
+        split["run_end"][start] = end
+        split["run_bytes"][start] = split["run_bytes"][end] = total
+
+    def _submit(self, split: dict, first: int, stop: int) -> None:
+        params = self._layout.params
+        self._engine.submit(first, [self._gradient(params[j]) for j in range(first, stop)])
+        status = split["status"]
+        for j in range(first, stop):
+            status[j] = 2
+
+    def _finish_split(self, split: dict) -> None:
+        status = split["status"]
+        j = 0
+        while j < len(status):
+            if status[j] == 2:
+                j += 1
+                continue
+            first = j
+            while j < len(status) and status[j] != 2:
+                j += 1
+            self._submit(split, first, j)
+        self._engine.end_step()
+
+    # ---- state ----
+
+    def flush(self) -> None:
+        """Applies every pending host update: afterwards the parameters hold the exact
+        current weights and the host threads are idle."""
+        self._engine.flush()
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters (steps, windows, stalls, bytes moved, ...) and the loss
+        scale; zenflow.format_stats() makes a log line of it."""
+        out = dict(self._engine.stats())
+        out["loss_scale"] = self._engine.loss_scale
+        return out
+
+    def _torch_indices(self) -> dict[int, int]:
+        """torch's numbering of parameters in a state dict: in group order."""
+        out: dict[int, int] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                out.setdefault(id(p), len(out))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flushes, then returns the whole optimizer state in torch's layout: "state" maps a
+        parameter's index to its float32 master, exp_avg, exp_avg_sq (the parameter's
+        shape), per-column int32 "steps" (a matrix) or one step count, the selected columns
+        and the auto-interval's statistics, plus torch's scalar "step"; "param_groups" as
+        torch's; "zenflow" the schedule counters and the loss scaler. The layout does not
+        depend on which columns were selected or where the state lived."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        saved = self._engine.state_dict()
+        numbering = self._torch_indices()
+        state: dict[int, dict] = {}
+        for i, p in enumerate(self._layout.params):
+            entry = dict(saved["params"][i])
+            entry["step"] = torch.tensor(float(entry["steps"].max()) if entry["steps"].numel() else 0.0)
+            state[numbering[id(p)]] = entry
+        groups = []
+        for group in self.param_groups:
+            packed = {key: value for key, value in group.items() if key != "params"}
+            packed["params"] = [numbering[id(p)] for p in group["params"]]
+            groups.append(packed)
+        out = {
+            "state": state,
+            "param_groups": groups,
+            "zenflow": {
+                "format": _STATE_FORMAT,
+                "schedule": dict(saved["schedule"]),
+                "loss_scaler": dict(saved["loss_scaler"]),
+            },
+        }
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            result = hook(self, out)
+            if result is not None:
+                out = result
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state_dict() of this class (any topk_ratio, thread count or backend) or of
+        torch.optim.AdamW (its moments and step; the fp32 master starts from the current
+        parameters; the next step selects). Group settings (lr, weight_decay, ...) come from
+        the saved groups, as in torch. A state of another model (other group sizes, shapes)
+        raises ValueError and changes nothing."""
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict: expected a dict, got {type(state_dict).__name__}")
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict: missing {key!r} (not an optimizer state dict)")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"state_dict['param_groups']: {len(saved_groups)} groups, this optimizer has "
+                f"{len(self.param_groups)} (the state of another model)"
+            )
+        saved_index: dict[int, Any] = {}  # id(param) -> its index in the saved state
+        new_groups = []
+        for g, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"state_dict['param_groups'][{g}]: {len(saved['params'])} parameters, this optimizer's "
+                    f"group has {len(group['params'])} (the state of another model)"
+                )
+            for p, index in zip(group["params"], saved["params"]):
+                saved_index[id(p)] = index
+            merged = dict(group)
+            for key, value in saved.items():
+                if key == "params":
+                    continue
+                if key in _TORCH_ADAMW_FLAGS:
+                    allowed = _TORCH_ADAMW_FLAGS[key]
+                    if allowed is not None and bool(value) != allowed:
+                        raise ValueError(f"state_dict['param_groups'][{g}]['{key}']: {value} is not supported")
+                    continue
+                merged[key] = value
+            merged["betas"] = tuple(merged["betas"])
+            check_hyperparameters(
+                merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"], f"state_dict['param_groups'][{g}]."
+            )
+            new_groups.append(merged)
+
+        zenflow_state = state_dict.get("zenflow")
+        layout = _Layout(new_groups)
+        entries = []
+        saved_state = state_dict["state"]
+        for i, p in enumerate(layout.params):
+            index = saved_index[id(p)]
+            saved = saved_state.get(index)
+            name = f"state_dict['state'][{index}]"
+            if saved is None:
+                entries.append(_fresh_entry(p, layout.matrix[i]))
+            elif zenflow_state is not None:
+                entries.append(self._zenflow_entry(saved, p, layout.matrix[i], name))
+            else:
+                entries.append(self._torch_entry(saved, p, layout.matrix[i], name))
+        if zenflow_state is not None:
+            schedule = {key: int(zenflow_state["schedule"][key]) for key in _SCHEDULE_KEYS}
+            scaler = dict(zenflow_state["loss_scaler"])
+        else:
+            steps = [int(e["steps"].max()) for e in entries if e["steps"].numel()]
+            schedule = dict.fromkeys(_SCHEDULE_KEYS, 0)
+            schedule["step"] = max(steps, default=0)
+            scaler = {"scale": self._settings["initial_scale"], "growth_tracker": 0}
+        engine_state = {"params": entries, "schedule": schedule, "loss_scaler": scaler}
+
+        # Build and load a new engine with the loaded groups; only then touch anything.
+        previous_groups = [dict(group) for group in self.param_groups]
+        for group, merged in zip(self.param_groups, new_groups):
+            group.clear()
+            group.update(merged)
+        try:
+            split, self._split = self._split, None
+            if split is not None:
+                self._engine.abort_step()
+            self._rebuild_engine(engine_state)
+        except BaseException:
+            for group, previous in zip(self.param_groups, previous_groups):
+                group.clear()
+                group.update(previous)
+            raise
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    @staticmethod
+    def _tensor(name: str, value: Any, dtype: torch.dtype, shape: tuple | None) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(value).__name__}")
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            raise ValueError(
+                f"{name}: shape {tuple(value.shape)}, the parameter needs {tuple(shape)} (the state of another model)"
+            )
+        return value.detach().to("cpu", dtype).contiguous()
+
+    def _zenflow_entry(self, saved: dict, p: torch.Tensor, matrix: bool, name: str) -> dict:
+        if not isinstance(saved, dict):
+            raise TypeError(f"{name}: expected a dict")
+        entry = {}
+        fresh = _fresh_entry(p, matrix)
+        for key in _MATRIX_KEYS if matrix else _DENSE_KEYS:
+            if key not in saved:
+                if key in ("selected", "window_score", "window_energy"):
+                    entry[key] = fresh[key]  # a parameter that was dense when saved
+                    continue
+                raise ValueError(f"{name}: missing {key!r} (the state of another model or optimizer)")
+            dtype = torch.int32 if key in _INT_KEYS else torch.float32
+            shape = None if key == "selected" else tuple(fresh[key].shape)
+            if key == "steps" and matrix and saved[key].numel() == 1:
+                entry[key] = self._tensor(f"{name}['steps']", saved[key], dtype, None).reshape(1).expand(
+                    fresh[key].shape[0]).contiguous()  # dense when saved: every column has its count
+                continue
+            entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shape)
+        if not matrix and saved["steps"].numel() != 1:
+            raise ValueError(
+                f"{name}['steps']: per-column step counts of a matrix cannot load into a dense parameter"
+            )
+        return entry
+
+    def _torch_entry(self, saved: dict, p: torch.Tensor, matrix: bool, name: str) -> dict:
+        if "max_exp_avg_sq" in saved:
+            raise ValueError(f"{name}: an amsgrad state (max_exp_avg_sq) is not supported")
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            if key not in saved:
+                raise ValueError(f"{name}: missing {key!r} (not a torch.optim.AdamW state)")
+        step = saved["step"]
+        step = int(step.item() if isinstance(step, torch.Tensor) else step)
+        if step < 0 or step >= 2**31 - 1:
+            raise ValueError(f"{name}['step']: {step} is out of range")
+        entry = _fresh_entry(p, matrix)
+        entry["exp_avg"] = self._tensor(f"{name}['exp_avg']", saved["exp_avg"], torch.float32, tuple(p.shape))
+        entry["exp_avg_sq"] = self._tensor(f"{name}['exp_avg_sq']", saved["exp_avg_sq"], torch.float32, tuple(p.shape))
+        entry["steps"].fill_(step)
+        return entry
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """A one-line summary of ZenFlowAdamW.stats() (or zenflow._C.Engine.stats()) for logs."""
+    stall = (
+        stats.get("stall_seconds_window_close", 0.0)
+        + stats.get("stall_seconds_back_pressure", 0.0)
+        + stats.get("stall_seconds_flush", 0.0)
+    )
+
+    def size(count: float) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(count) < 1024 or unit == "GiB":
+                return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+            count /= 1024
+        return f"{count:.1f} GiB"
+
+    parts = [
+        f"step {stats.get('steps', 0)}",
+        f"windows {stats.get('windows', 0)}",
+        f"reselections {stats.get('reselections', 0)}",
+        f"skipped {stats.get('skipped_steps', 0)}",
+        f"grad norm {stats.get('last_global_norm', 0.0):.4g}",
+        f"selected {100.0 * stats.get('selected_fraction', 0.0):.1f}%",
+        f"stall {1e3 * stall:.1f} ms (close {1e3 * stats.get('stall_seconds_window_close', 0.0):.1f}, "
+        f"back-pressure {1e3 * stats.get('stall_seconds_back_pressure', 0.0):.1f}, "
+        f"flush {1e3 * stats.get('stall_seconds_flush', 0.0):.1f})",
+        f"host update {stats.get('host_update_seconds', 0.0):.2f} s",
+        f"down {size(stats.get('bytes_down', 0))} up {size(stats.get('bytes_up', 0))}",
+        f"state device {size(stats.get('device_state_bytes', 0))} host {size(stats.get('host_state_bytes', 0))}",
+    ]
+    if "loss_scale" in stats:
+        parts.append(f"loss scale {stats['loss_scale']:g}")
+    return " | ".join(parts)
