@@ -11,8 +11,8 @@ import warnings
 from . import ops
 from ._native import native
 from .cpu_adamw import CPUAdamW, default_num_threads
-from .optimizer import ZenFlowAdamW, format_stats
 from .ops._args import integer
+from .optimizer import ZenFlowAdamW, format_stats
 
 __version__ = "0.1.0"
 

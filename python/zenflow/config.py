@@ -13,7 +13,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ENGINE_DEFAULTS", "DEEPSPEED_ZENFLOW_DEFAULTS", "check_settings", "settings_from_deepspeed"]
+__all__ = [
+    "ENGINE_DEFAULTS",
+    "DEEPSPEED_ZENFLOW_DEFAULTS",
+    "check_settings",
+    "settings_from_deepspeed",
+]
 
 # ZenFlowAdamW's keyword defaults (the engine's, docs/design.md section 4).
 ENGINE_DEFAULTS: dict[str, Any] = {
@@ -101,7 +106,9 @@ def _choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     return value
 
 
-def check_hyperparameters(lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = "") -> None:
+def check_hyperparameters(
+    lr: Any, betas: Any, eps: Any, weight_decay: Any, where: str = ""
+) -> None:
     """torch.optim.AdamW's checks, with the argument named."""
     _real(f"{where}lr", lr if not hasattr(lr, "item") else lr.item(), 0.0, math.inf)
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -131,7 +138,9 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(s["overlap_step"], bool):
         raise TypeError(f"overlap_step: expected a bool, got {type(s['overlap_step']).__name__}")
     if s["max_grad_norm"] is not None:
-        s["max_grad_norm"] = _real("max_grad_norm", s["max_grad_norm"], 0.0, math.inf, low_open=True)
+        s["max_grad_norm"] = _real(
+            "max_grad_norm", s["max_grad_norm"], 0.0, math.inf, low_open=True
+        )
     s["auto_ratio"] = _real("auto_ratio", s["auto_ratio"], 0.0, 1.0, low_open=True)
     s["max_update_interval"] = _int("max_update_interval", s["max_update_interval"], 1)
     s["master_weights"] = _choice("master_weights", s["master_weights"], _MASTER)
@@ -139,10 +148,14 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if s["steps_per_epoch"] is not None:
         s["steps_per_epoch"] = _int("steps_per_epoch", s["steps_per_epoch"], 1)
     if s["select_strategy"] == "epoch" and s["steps_per_epoch"] is None:
-        raise ValueError('steps_per_epoch: select_strategy "epoch" needs the number of steps per epoch')
+        raise ValueError(
+            'steps_per_epoch: select_strategy "epoch" needs the number of steps per epoch'
+        )
     if s["num_threads"] is not None:
         s["num_threads"] = _int("num_threads", s["num_threads"], 1)
-    s["pt_reserved_cores_perc"] = _real("pt_reserved_cores_perc", s["pt_reserved_cores_perc"], 0.0, 1.0)
+    s["pt_reserved_cores_perc"] = _real(
+        "pt_reserved_cores_perc", s["pt_reserved_cores_perc"], 0.0, 1.0
+    )
     s["loss_scaling"] = _choice("loss_scaling", s["loss_scaling"], _LOSS_SCALING)
     s["initial_scale"] = _real("initial_scale", s["initial_scale"], 0.0, math.inf, low_open=True)
     s["growth_factor"] = _real("growth_factor", s["growth_factor"], 1.0, math.inf, low_open=True)
@@ -154,7 +167,9 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def engine_config(settings: dict[str, Any], betas: tuple[float, float], eps: float, loss_scaling: str) -> dict:
+def engine_config(
+    settings: dict[str, Any], betas: tuple[float, float], eps: float, loss_scaling: str
+) -> dict:
     """The engine's config dict (zenflow._C.Engine) for checked settings."""
     return {
         "topk_ratio": settings["topk_ratio"],
@@ -185,7 +200,16 @@ def engine_config(settings: dict[str, Any], betas: tuple[float, float], eps: flo
 # ---- DeepSpeed-style configuration ----
 
 _OPTIMIZER_TYPES = ("adam", "adamw")
-_PARAMS_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam", "bias_correction", "amsgrad")
+_PARAMS_KEYS = (
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "adam_w_mode",
+    "torch_adam",
+    "bias_correction",
+    "amsgrad",
+)
 _FP16_KEYS = (
     "enabled",
     "auto_cast",
@@ -206,7 +230,9 @@ def _mapping(name: str, value: Any) -> Mapping:
 
 def _no_auto(name: str, value: Any) -> Any:
     if value == "auto":
-        raise ValueError(f'{name}: "auto" is resolved by the DeepSpeed/HuggingFace launcher; give a value')
+        raise ValueError(
+            f'{name}: "auto" is resolved by the DeepSpeed/HuggingFace launcher; give a value'
+        )
     return value
 
 
@@ -242,12 +268,14 @@ def settings_from_deepspeed(config: Any) -> tuple[dict[str, Any], dict[str, Any]
     block = _mapping(block_name, block)
 
     settings: dict[str, Any] = {}
-    for key, value in block.items():
+    for key in block:
         if key not in DEEPSPEED_ZENFLOW_DEFAULTS:
             raise ValueError(f"{block_name}.{key}: unknown zenflow key")
     merged = {**DEEPSPEED_ZENFLOW_DEFAULTS, **block}
     if not isinstance(merged["offload"], bool):
-        raise TypeError(f"{block_name}.offload: expected a bool, got {type(merged['offload']).__name__}")
+        raise TypeError(
+            f"{block_name}.offload: expected a bool, got {type(merged['offload']).__name__}"
+        )
     for key, value in merged.items():
         if key != "offload":
             settings[key] = value
@@ -270,16 +298,24 @@ def settings_from_deepspeed(config: Any) -> tuple[dict[str, Any], dict[str, Any]
                 raise ValueError(f"optimizer.params.{key}: unknown key")
             _no_auto(f"optimizer.params.{key}", value)
         if params.get("adam_w_mode", True) is not True:
-            raise ValueError("optimizer.params.adam_w_mode: ZenFlowAdamW is AdamW (decoupled weight decay)")
+            raise ValueError(
+                "optimizer.params.adam_w_mode: ZenFlowAdamW is AdamW (decoupled weight decay)"
+            )
         if params.get("bias_correction", True) is not True:
-            raise ValueError("optimizer.params.bias_correction: must be true (AdamW's bias correction)")
+            raise ValueError(
+                "optimizer.params.bias_correction: must be true (AdamW's bias correction)"
+            )
         if params.get("amsgrad", False) is not False:
             raise ValueError("optimizer.params.amsgrad: not supported")
         for key in ("lr", "eps", "weight_decay"):
             if key in params:
                 hyper[key] = params[key]
         if "betas" in params:
-            hyper["betas"] = tuple(params["betas"]) if isinstance(params["betas"], (list, tuple)) else params["betas"]
+            hyper["betas"] = (
+                tuple(params["betas"])
+                if isinstance(params["betas"], (list, tuple))
+                else params["betas"]
+            )
 
     if "gradient_clipping" in config:
         clip = _no_auto("gradient_clipping", config["gradient_clipping"])
@@ -295,9 +331,13 @@ def settings_from_deepspeed(config: Any) -> tuple[dict[str, Any], dict[str, Any]
                 raise ValueError(f"fp16.{key}: unknown key")
         if _no_auto("fp16.enabled", fp16.get("enabled", False)):
             if fp16.get("loss_scale", 0) not in (0, 0.0):
-                raise ValueError("fp16.loss_scale: a static loss scale is not supported (0 = dynamic)")
+                raise ValueError(
+                    "fp16.loss_scale: a static loss scale is not supported (0 = dynamic)"
+                )
             settings["loss_scaling"] = "dynamic"
             power = fp16.get("initial_scale_power", 16)
             settings["initial_scale"] = 2.0 ** _int("fp16.initial_scale_power", power, 0)
-            settings["growth_interval"] = _int("fp16.loss_scale_window", fp16.get("loss_scale_window", 1000), 1)
+            settings["growth_interval"] = _int(
+                "fp16.loss_scale_window", fp16.get("loss_scale_window", 1000), 1
+            )
     return hyper, settings

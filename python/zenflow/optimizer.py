@@ -27,10 +27,26 @@ __all__ = ["ZenFlowAdamW", "format_stats"]
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The per-parameter entries of the engine's checkpoint (engine.h: zf_engine_state_kind).
-_MATRIX_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps", "selected", "window_score", "window_energy")
+_MATRIX_KEYS = (
+    "master",
+    "exp_avg",
+    "exp_avg_sq",
+    "steps",
+    "selected",
+    "window_score",
+    "window_energy",
+)
 _DENSE_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps")
-_INT_KEYS = ("steps", "selected")
-_SCHEDULE_KEYS = ("step", "window", "window_steps", "since_selection", "selections", "has_previous_window", "skipped")
+_INT_KEYS = ("steps",)
+_SCHEDULE_KEYS = (
+    "step",
+    "window",
+    "window_steps",
+    "since_selection",
+    "selections",
+    "has_previous_window",
+    "skipped",
+)
 # torch.optim.AdamW's group flags that have no meaning here, and the values we can honour.
 _TORCH_ADAMW_FLAGS = {
     "amsgrad": False,
@@ -98,7 +114,13 @@ class _Layout:
 def _snapshot(param_groups: list[dict]) -> list[tuple]:
     """What, when it changes, needs a new engine (the engine fixes these at creation)."""
     return [
-        (float(g["weight_decay"]), tuple(g["betas"]), float(g["eps"]), bool(g["zenflow"]), len(g["params"]))
+        (
+            float(g["weight_decay"]),
+            tuple(g["betas"]),
+            float(g["eps"]),
+            bool(g["zenflow"]),
+            len(g["params"]),
+        )
         for g in param_groups
     ]
 
@@ -230,7 +252,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._no_sync_depth = 0
         self._split: dict | None = None  # the open split step of overlap_backward
         self._loss_scaled = False
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "zenflow": True}
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "zenflow": True,
+        }
         super().__init__(params, defaults)
         self._rebuild_engine()
 
@@ -258,9 +286,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             where = f"param_groups[{index}]."
-            check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"], where)
+            check_hyperparameters(
+                group["lr"], group["betas"], group["eps"], group["weight_decay"], where
+            )
             if not isinstance(group["zenflow"], bool):
-                raise TypeError(f"{where}zenflow: expected a bool, got {type(group['zenflow']).__name__}")
+                raise TypeError(
+                    f"{where}zenflow: expected a bool, got {type(group['zenflow']).__name__}"
+                )
             for j, p in enumerate(group["params"]):
                 name = f"param_groups[{index}]['params'][{j}]"
                 if p.device.type != "cpu":
@@ -269,7 +301,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         "(CPU); the CUDA backend is not built yet. Keep the model on the CPU."
                     )
                 if p.dtype not in _SUPPORTED_DTYPES:
-                    raise TypeError(f"{name}: dtype {p.dtype}; expected float32, bfloat16 or float16")
+                    raise TypeError(
+                        f"{name}: dtype {p.dtype}; expected float32, bfloat16 or float16"
+                    )
                 if p.layout != torch.strided or not p.is_contiguous():
                     raise ValueError(f"{name}: must be a dense contiguous tensor")
         except (TypeError, ValueError):
@@ -287,14 +321,19 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _new_engine(self, layout: _Layout) -> tuple[Any, str]:
         groups = self.param_groups
         for g, group in enumerate(groups[1:], start=1):
-            if tuple(group["betas"]) != tuple(groups[0]["betas"]) or group["eps"] != groups[0]["eps"]:
+            if (
+                tuple(group["betas"]) != tuple(groups[0]["betas"])
+                or group["eps"] != groups[0]["eps"]
+            ):
                 raise ValueError(
                     f"param_groups[{g}]: betas and eps must be the same in every group "
                     f"(the engine has one pair); got {group['betas']}, {group['eps']} against "
                     f"{groups[0]['betas']}, {groups[0]['eps']}"
                 )
         mode = self._loss_scaling_mode(layout)
-        config = engine_config(self._settings, tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode)
+        config = engine_config(
+            self._settings, tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode
+        )
         return native().Engine(layout.params, layout.groups, config), mode
 
     def _rebuild_engine(self, state: dict | None = None) -> None:
@@ -329,7 +368,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if old_layout.matrix[j] != layout.matrix[i]:
                 raise ValueError(
                     "param_groups: a parameter moved between a zenflow group and a dense one "
-                    "(\"zenflow\" changed) after it took steps; its per-column step counts cannot "
+                    '("zenflow" changed) after it took steps; its per-column step counts cannot '
                     "become one dense count"
                 )
             entries.append(old["params"][j])
@@ -357,7 +396,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if g is None:
             g = self._zero_grads.get(id(p))
             if g is None:
-                g = self._zero_grads[id(p)] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                g = self._zero_grads[id(p)] = torch.zeros_like(
+                    p, memory_format=torch.contiguous_format
+                )
         return g
 
     def _amp_scaler(self) -> tuple[bool, Any, Any]:
@@ -464,7 +505,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         remove() unregisters the hooks. With gradient accumulation, run the backward of every
         micro-batch but the last inside `with opt.no_sync():`."""
         if self._overlap_handle is not None:
-            raise ValueError("overlap_backward: already registered (call remove() on its handle first)")
+            raise ValueError(
+                "overlap_backward: already registered (call remove() on its handle first)"
+            )
         ours = {id(p) for group in self.param_groups for p in group["params"]}
         if model is None:
             targets = [p for group in self.param_groups for p in group["params"]]
@@ -580,8 +623,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """Flushes, then returns the whole optimizer state in torch's layout: "state" maps a
         parameter's index to its float32 master, exp_avg, exp_avg_sq (the parameter's
-        shape), per-column int32 "steps" (a matrix) or one step count, the selected columns
-        and the auto-interval's statistics, plus torch's scalar "step"; "param_groups" as
+        shape), per-column int32 "steps" (a matrix) or one step count, a matrix's "selected"
+        columns as a bool mask [n] (one shape whatever the selection, as
+        torch.distributed.checkpoint needs) and its auto-interval statistics, plus torch's
+        scalar "step"; "param_groups" as
         torch's; "zenflow" the schedule counters and the loss scaler. The layout does not
         depend on which columns were selected or where the state lived."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
@@ -591,7 +636,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         state: dict[int, dict] = {}
         for i, p in enumerate(self._layout.params):
             entry = dict(saved["params"][i])
-            entry["step"] = torch.tensor(float(entry["steps"].max()) if entry["steps"].numel() else 0.0)
+            if (
+                "selected" in entry
+            ):  # indices -> a column mask: one shape whatever k and the selection
+                mask = torch.zeros(_columns(p), dtype=torch.bool)
+                mask[entry["selected"].long()] = True
+                entry["selected"] = mask
+            entry["step"] = torch.tensor(
+                float(entry["steps"].max()) if entry["steps"].numel() else 0.0
+            )
             state[numbering[id(p)]] = entry
         groups = []
         for group in self.param_groups:
@@ -651,12 +704,18 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 if key in _TORCH_ADAMW_FLAGS:
                     allowed = _TORCH_ADAMW_FLAGS[key]
                     if allowed is not None and bool(value) != allowed:
-                        raise ValueError(f"state_dict['param_groups'][{g}]['{key}']: {value} is not supported")
+                        raise ValueError(
+                            f"state_dict['param_groups'][{g}]['{key}']: {value} is not supported"
+                        )
                     continue
                 merged[key] = value
             merged["betas"] = tuple(merged["betas"])
             check_hyperparameters(
-                merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"], f"state_dict['param_groups'][{g}]."
+                merged["lr"],
+                merged["betas"],
+                merged["eps"],
+                merged["weight_decay"],
+                f"state_dict['param_groups'][{g}].",
             )
             new_groups.append(merged)
 
@@ -722,12 +781,22 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 if key in ("selected", "window_score", "window_energy"):
                     entry[key] = fresh[key]  # a parameter that was dense when saved
                     continue
-                raise ValueError(f"{name}: missing {key!r} (the state of another model or optimizer)")
+                raise ValueError(
+                    f"{name}: missing {key!r} (the state of another model or optimizer)"
+                )
+            if key == "selected":
+                mask = self._tensor(f"{name}['selected']", saved[key], torch.bool, (_columns(p),))
+                entry[key] = mask.nonzero().flatten().to(torch.int32)
+                continue
             dtype = torch.int32 if key in _INT_KEYS else torch.float32
-            shape = None if key == "selected" else tuple(fresh[key].shape)
+            shape = tuple(fresh[key].shape)
             if key == "steps" and matrix and saved[key].numel() == 1:
-                entry[key] = self._tensor(f"{name}['steps']", saved[key], dtype, None).reshape(1).expand(
-                    fresh[key].shape[0]).contiguous()  # dense when saved: every column has its count
+                entry[key] = (
+                    self._tensor(f"{name}['steps']", saved[key], dtype, None)
+                    .reshape(1)
+                    .expand(fresh[key].shape[0])
+                    .contiguous()
+                )  # dense when saved: every column has its count
                 continue
             entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shape)
         if not matrix and saved["steps"].numel() != 1:
@@ -747,8 +816,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if step < 0 or step >= 2**31 - 1:
             raise ValueError(f"{name}['step']: {step} is out of range")
         entry = _fresh_entry(p, matrix)
-        entry["exp_avg"] = self._tensor(f"{name}['exp_avg']", saved["exp_avg"], torch.float32, tuple(p.shape))
-        entry["exp_avg_sq"] = self._tensor(f"{name}['exp_avg_sq']", saved["exp_avg_sq"], torch.float32, tuple(p.shape))
+        entry["exp_avg"] = self._tensor(
+            f"{name}['exp_avg']", saved["exp_avg"], torch.float32, tuple(p.shape)
+        )
+        entry["exp_avg_sq"] = self._tensor(
+            f"{name}['exp_avg_sq']", saved["exp_avg_sq"], torch.float32, tuple(p.shape)
+        )
         entry["steps"].fill_(step)
         return entry
 
