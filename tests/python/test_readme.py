@@ -46,3 +46,17 @@ def test_engine_example_runs_as_written(capsys):
     assert set(namespace["state"]) == {"params", "schedule", "loss_scaler"}
     windows, bytes_down = capsys.readouterr().out.split()
     assert int(windows) == 2 and int(bytes_down) == stats["bytes_down"] > 0
+
+
+def test_training_loop_runs_as_written(capsys):
+    blocks = python_blocks("Training with ZenFlowAdamW")
+    assert len(blocks) == 1
+    assert len(blocks[0].strip().splitlines()) <= 16  # a short loop, as the README says
+    namespace: dict = {"__name__": "readme_training"}
+    exec(compile(blocks[0], "README.md training loop", "exec"), namespace)
+    stats = namespace["opt"].stats()
+    assert stats["steps"] == 200 and stats["windows"] >= 49 and stats["bytes_down"] > 0
+    # it learned: far below the 10-class chance level (ln 10 = 2.30)
+    assert namespace["loss"].item() < 1.0
+    out = capsys.readouterr().out
+    assert out.startswith("loss ") and "windows" in out
