@@ -11,6 +11,10 @@ say() { echo "test_deps.sh: $*" >&2; }
 missing_pip=()
 "$python" -c "import pytest" 2>/dev/null || missing_pip+=("pytest>=7")
 "$python" -c "import numpy" 2>/dev/null || missing_pip+=(numpy)
+# the demo's accuracy test (tests/python/test_demo.py) runs the demo: its extra's packages
+"$python" -c "import tokenizers" 2>/dev/null || missing_pip+=("tokenizers>=0.15")
+"$python" -c "import tqdm" 2>/dev/null || missing_pip+=("tqdm>=4.60")
+"$python" -c "import matplotlib" 2>/dev/null || missing_pip+=("matplotlib>=3.5")
 command -v cmake > /dev/null || missing_pip+=("cmake>=3.25")
 command -v ninja > /dev/null || missing_pip+=(ninja)
 if [ ${#missing_pip[@]} -gt 0 ]; then

@@ -1,4 +1,4 @@
-"""Command line: `python -m zenflow info`."""
+"""Command line: `python -m zenflow info` and `python -m zenflow demo [options]`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zenflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="version, SIMD level, CUDA build and GPUs, host threads")
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "demo",
+        help="train a small GPT three ways (AdamW, synchronous offload, zenflow)",
+        add_help=False,
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "info":
         return _print_info()
     return 2
