@@ -565,7 +565,13 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     ids, data_info = tokens(size.vocab, config.cache)
     start = pretrained(config, ids, data_info.pop("folder"))
     bandwidth = memcpy_bandwidth()
-    results = {name: run_one(name, config, ids, start, bandwidth) for name in config.runs}
+    torch_threads = torch.get_num_threads()
+    results = {}
+    for name in config.runs:
+        torch.set_num_threads(torch_threads)  # ZenFlowAdamW lowers it to its reserved share
+        results[name] = run_one(name, config, ids, start, bandwidth)
+        results[name]["torch_threads"] = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
     parameters = next(iter(results.values()))["parameters"]
     summary = {
         "config": asdict(config),

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ._native import native
+from .cpu_adamw import default_num_threads
 from .config import (
     ENGINE_DEFAULTS,
     check_hyperparameters,
@@ -204,8 +205,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     torch.optim.AdamW state dict loads too. Loading continues the exact trajectory.
 
     Threads. `num_threads` host threads run the CPU AdamW and the accumulates (None: the
-    cores `pt_reserved_cores_perc` leaves over, at least one). Call `close()` (or drop the
-    optimizer) to join them; interpreter exit joins them too.
+    cores `pt_reserved_cores_perc` leaves over, at least one). The rest of the cores are
+    torch's: with `limit_torch_threads` (the default), construction lowers torch's intra-op
+    threads (torch.set_num_threads, process-wide) to that share when it is above it, so the
+    background host update never shares a core with torch's spinning OpenMP workers. Call
+    `close()` (or drop the optimizer) to join the host threads; interpreter exit joins them.
     """
 
     # torch.amp.GradScaler: hand us grad_scale / found_inf instead of unscaling gradients
@@ -240,6 +244,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         backoff_factor: float = ENGINE_DEFAULTS["backoff_factor"],
         growth_interval: int = ENGINE_DEFAULTS["growth_interval"],
         bucket_bytes: int = ENGINE_DEFAULTS["bucket_bytes"],
+        limit_torch_threads: bool = True,
     ):
         check_hyperparameters(lr, betas, eps, weight_decay)
         given = dict(locals())
@@ -252,6 +257,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._no_sync_depth = 0
         self._split: dict | None = None  # the open split step of overlap_backward
         self._loss_scaled = False
+        if not isinstance(limit_torch_threads, bool):
+            raise TypeError(
+                f"limit_torch_threads: expected a bool, got {type(limit_torch_threads).__name__}"
+            )
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
@@ -261,6 +270,22 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         }
         super().__init__(params, defaults)
         self._rebuild_engine()
+        if limit_torch_threads:
+            self._limit_torch_threads()
+
+    def _limit_torch_threads(self) -> None:
+        """Leaves torch the cores pt_reserved_cores_perc reserves for it: the engine's host
+        threads run in the background while torch computes, and torch's OpenMP workers
+        spin-wait at their barriers, so a core shared by both stalls every parallel region of
+        the model (measured: 2 torch threads beside a background update on 2 cores made a small
+        model's forward and backward several times slower)."""
+        cores = native().host_cpu_count()
+        host = self._settings["num_threads"] or default_num_threads(
+            self._settings["pt_reserved_cores_perc"]
+        )
+        reserved = max(1, cores - host)
+        if torch.get_num_threads() > reserved:
+            torch.set_num_threads(reserved)
 
     @classmethod
     def from_config(cls, params: Iterable, config: Any, **overrides: Any) -> ZenFlowAdamW:

@@ -931,3 +931,18 @@ def test_huggingface_style_loop():
     hf_style_training(hooked, opt, quiet=opt.no_sync, clip=False)
     assert_bitwise(weights(plain), weights(hooked))
     assert math.isfinite(opt.stats()["last_global_norm"])
+
+
+def test_torch_threads_are_limited_to_the_reserved_share():
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)
+        zenflow.ZenFlowAdamW(
+            [torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1, limit_torch_threads=False
+        )
+        assert torch.get_num_threads() == 8
+        zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1)
+        cores = zenflow.info()["host_cpus"]
+        assert torch.get_num_threads() == max(1, cores - 1)
+    finally:
+        torch.set_num_threads(previous)
