@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 
 from ._native import native
-from .cpu_adamw import default_num_threads
 from .config import (
     ENGINE_DEFAULTS,
     check_hyperparameters,
@@ -23,6 +22,7 @@ from .config import (
     engine_config,
     settings_from_deepspeed,
 )
+from .cpu_adamw import default_num_threads
 
 __all__ = ["ZenFlowAdamW", "format_stats"]
 
