@@ -378,32 +378,34 @@ std::vector<zf_tensor> Converter::optional_list(py::handle seq, const char* name
   return list(seq, name, access);
 }
 
+zf_column_state Converter::state(py::handle entry, const char* name, ptrdiff_t index, Access access) {
+  if ((!PyTuple_Check(entry.ptr()) && !PyList_Check(entry.ptr())) || PySequence_Fast_GET_SIZE(entry.ptr()) != 4) {
+    type_error(ArgName{name, index}.str() +
+               ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " + type_name(entry));
+  }
+  PyObject** parts = PySequence_Fast_ITEMS(entry.ptr());
+  zf_column_state s{};
+  s.exp_avg = tensor(parts[1], ArgName{name, index, "exp_avg"}, access);
+  s.exp_avg_sq = tensor(parts[2], ArgName{name, index, "exp_avg_sq"}, access);
+  s.steps = tensor(parts[3], ArgName{name, index, "steps"}, access);
+  if (parts[0] == Py_None) {
+    s.master = zf_tensor{};  // shape [0]: "no master"
+    s.master.dtype = ZF_DTYPE_F32;
+    s.master.device = s.exp_avg.device;
+    s.master.ndim = 1;
+    s.master.strides[0] = 1;
+  } else {
+    s.master = tensor(parts[0], ArgName{name, index, "master"}, access);
+  }
+  return s;
+}
+
 std::vector<zf_column_state> Converter::states(py::handle seq, const char* name, Access access) {
   const py::object items = as_fast_sequence(seq, name);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
   PyObject** raw = PySequence_Fast_ITEMS(items.ptr());
   std::vector<zf_column_state> out(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* entry = raw[i];
-    if ((!PyTuple_Check(entry) && !PyList_Check(entry)) || PySequence_Fast_GET_SIZE(entry) != 4) {
-      type_error(ArgName{name, i}.str() +
-                 ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " + type_name(entry));
-    }
-    PyObject** parts = PySequence_Fast_ITEMS(entry);
-    zf_column_state& s = out[static_cast<size_t>(i)];
-    s.exp_avg = tensor(parts[1], ArgName{name, i, "exp_avg"}, access);
-    s.exp_avg_sq = tensor(parts[2], ArgName{name, i, "exp_avg_sq"}, access);
-    s.steps = tensor(parts[3], ArgName{name, i, "steps"}, access);
-    if (parts[0] == Py_None) {
-      s.master = zf_tensor{};  // shape [0]: "no master"
-      s.master.dtype = ZF_DTYPE_F32;
-      s.master.device = s.exp_avg.device;
-      s.master.ndim = 1;
-      s.master.strides[0] = 1;
-    } else {
-      s.master = tensor(parts[0], ArgName{name, i, "master"}, access);
-    }
-  }
+  for (Py_ssize_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = state(raw[i], name, i, access);
   return out;
 }
 
