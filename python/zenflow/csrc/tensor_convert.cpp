@@ -144,7 +144,18 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
     }
     out.dtype = static_cast<zf_dtype>(code);
   }
-  {
+  // The device: calls take lists of tensors on one device, so the device of the previous
+  // tensor is asked about first (one attribute read per tensor instead of two on the CPU).
+  static thread_local bool last_on_cpu = false;
+  if (last_on_cpu) {
+    py::object is_cpu = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_is_cpu), name, "device"));
+    if (is_cpu.ptr() == Py_True) {
+      out.device = zf_device{ZF_DEVICE_CPU, 0};
+    } else {
+      last_on_cpu = false;
+    }
+  }
+  if (!last_on_cpu) {
     py::object is_cuda = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_is_cuda), name, "device"));
     if (is_cuda.ptr() == Py_True) {
       py::object index =
@@ -157,6 +168,7 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
         type_error(name.str() + ": a tensor on device '" + device + "'; zenflow takes CPU and CUDA tensors");
       }
       out.device = zf_device{ZF_DEVICE_CPU, 0};
+      last_on_cpu = true;
     }
   }
   if (out.dtype != ZF_DTYPE_I32 && out.dtype != ZF_DTYPE_I64) {  // the lazy sign bit exists on float views only
