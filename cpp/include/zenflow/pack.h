@@ -107,9 +107,10 @@ ZF_API zf_status zf_exchange_selected_columns(const zf_tensor* old_selected, con
  *                       E, selected_counts = 0)). steps: i32, contiguous, sum_i E_i values,
  *                       matrix i's from sum_{j<i} E_j. m_i is the rows of old_state[i].
  *   leaving_counts[i], leaving  the same for the L_i leaving columns; written.
- *   master              empty (numel 0): no matrix has a master (a matrix with one is an
- *                       error); otherwise every matrix has a slot at the offsets above, and
- *                       a matrix without a master leaves its slot untouched.
+ *   master              empty (numel 0): no master moves (a matrix that has one and moves
+ *                       columns is an error); otherwise every matrix has a slot at the
+ *                       offsets above, and a matrix without a master leaves its slot
+ *                       untouched.
  *
  * Validation, errors and determinism as zf_exchange_selected_columns; messages about
  * matrix i's part of the packed buffers name it entering[i] / leaving[i]. A count that does
