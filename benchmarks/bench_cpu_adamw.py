@@ -433,7 +433,16 @@ def _model(shapes: list, dtype: torch.dtype, seed: int) -> list:
     return params
 
 
-def bench_defaults(cases: list, dtypes: list, reps: int) -> list:
+# Bytes one step must move per element: CPUAdamW reads and writes its fp32 master (or fp32
+# parameter), m and v and reads the gradient; with bf16 parameters it also writes the rounded
+# weights. Fused AdamW keeps p, m and v in the parameter's dtype.
+def step_bytes(dtype: torch.dtype) -> dict:
+    if dtype == torch.float32:
+        return {"zenflow": 28, "fused": 28}
+    return {"zenflow": 12 + 12 + 2 + 2, "fused": 6 + 6 + 2}
+
+
+def bench_defaults(cases: list, dtypes: list, reps: int, shipped_only: bool = False) -> list:
     """CPUAdamW() against AdamW(fused=True), both at their defaults (lr aside), on the same
     model shapes. Three separate interleaved pairs, each against its own fused run (a pause
     of torch's OpenMP workers also costs torch's next parallel region, so variants must not
@@ -448,20 +457,40 @@ def bench_defaults(cases: list, dtypes: list, reps: int) -> list:
         ("zenflow.CPUAdamW(), OpenMP pause on every step", 0, True),
         ("zenflow.CPUAdamW(), OpenMP pause off", shipped, False),
     )
+    if shipped_only:
+        variants = variants[:1]
+    # The machine's bandwidth in the same loop: the Adam-shaped streaming roof (4 fp32 reads,
+    # 3 fp32 writes per element, 28 bytes) over n elements on the pool's thread count.
+    roof, _ = load_roof()
     rows = []
     for label, shapes in cases:
         n = sum(int(torch.Size(s).numel()) for s in shapes)
+        roof_arrays = [torch.randn(n) for _ in range(4)] if roof is not None else []
+        threads = zenflow.get_num_threads()
+
+        def roof_step(arrays=roof_arrays, n=n, threads=threads):
+            roof.adam_shaped_stream(*(a.data_ptr() for a in arrays), n, threads)
+
         for dtype in dtypes:
             ours = zenflow.CPUAdamW(_model(shapes, dtype, 1), lr=LR)
             fused = torch.optim.AdamW(_model(shapes, dtype, 1), lr=LR, fused=True)
             for name, threshold, enabled in variants:
                 cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = threshold
                 _omp.set_enabled(enabled)
+                # Order A (roof) B: the roof runs right after CPUAdamW, whose step (at 8M
+                # elements and more) has sent torch's spinning OpenMP workers to sleep; right
+                # after fused AdamW those workers would still spin on the roof's cores.
+                candidates = {name: ours.step}
+                if roof is not None and threshold == shipped and enabled:
+                    candidates["roof"] = roof_step
+                candidates["fused"] = fused.step
                 try:
-                    medians = interleaved({name: ours.step, "fused": fused.step}, reps)
+                    medians = interleaved(candidates, reps)
                 finally:
                     cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = shipped
                     _omp.set_enabled(True)
+                per_element = step_bytes(dtype)
+                roof_gbps = gbps(28 * n, medians["roof"]) if "roof" in medians else float("nan")
                 rows.append(
                     {
                         "case": label,
@@ -471,10 +500,16 @@ def bench_defaults(cases: list, dtypes: list, reps: int) -> list:
                         "ms": medians[name] * 1e3,
                         "fused_ms": medians["fused"] * 1e3,
                         "ratio": medians["fused"] / medians[name],
+                        "gbps": gbps(per_element["zenflow"] * n, medians[name]),
+                        "fused_gbps": gbps(per_element["fused"] * n, medians["fused"]),
+                        "roof_gbps": roof_gbps,
+                        "load": os.getloadavg()[0],
                     }
                 )
             del ours, fused
             gc.collect()
+        roof_arrays.clear()
+        gc.collect()
     return rows
 
 
@@ -494,15 +529,27 @@ def defaults_markdown(rows: list, reps: int) -> str:
         "'vs fused' = fused AdamW's median / this median (above 1: faster than fused).",
         "bf16: CPUAdamW keeps an fp32 master, m and v and writes the rounded bf16 weights; "
         "torch's fused AdamW keeps bf16 m and v (less memory traffic, less precision).",
+        "GB/s: the bytes each step must move (CPUAdamW 28 per element, fp32 or bf16; fused "
+        "AdamW 28 for fp32, 14 for bf16) over its median; roof: the Adam-shaped streaming loop "
+        "(benchmarks/lab/stream_roof.c, 28 bytes per element) in the same interleaved loop as "
+        "the shipped pair; '% roof' = GB/s / roof GB/s. load: the 1-minute load average after "
+        "the pair.",
         "",
         "| case | params dtype | elements | zenflow variant | zenflow ms | fused ms (same run) "
-        "| vs fused |",
-        "|---|---|---:|---|---:|---:|---:|",
+        "| vs fused | zenflow GB/s (% roof) | fused GB/s (% roof) | roof GB/s | load |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        roof = r["roof_gbps"]
+        has_roof = roof == roof
+        ours = f"{r['gbps']:.1f}" + (f" ({100 * r['gbps'] / roof:.0f}%)" if has_roof else "")
+        fused = f"{r['fused_gbps']:.1f}" + (
+            f" ({100 * r['fused_gbps'] / roof:.0f}%)" if has_roof else ""
+        )
         out.append(
             f"| {r['case']} | {r['dtype']} | {fmt_n(r['n'])} | {r['impl']} | {r['ms']:.2f} | "
-            f"{r['fused_ms']:.2f} | {r['ratio']:.2f}x |"
+            f"{r['fused_ms']:.2f} | {r['ratio']:.2f}x | {ours} | {fused} | "
+            f"{roof:.1f} | {r['load']:.1f} |"
         )
     return "\n".join(out)
 
@@ -517,11 +564,15 @@ def defaults_main(args) -> None:
     if args.sizes_given:
         cases = [(f"1 tensor of {fmt_n(n)}", [(n,)]) for n in parse_sizes(args.sizes)]
     reps = args.reps or 21
-    rows = bench_defaults(cases, [torch.float32, torch.bfloat16], reps)
+    dtypes = [torch.float32, torch.bfloat16]
+    if args.dtypes:
+        dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    rows = bench_defaults(cases, dtypes, reps, shipped_only=args.shipped_only)
     report = defaults_markdown(rows, reps) + "\n"
     print(report)
     if not args.no_write:
-        path = HERE / "results" / f"{datetime.date.today().isoformat()}-cpu-adamw-defaults.md"
+        name = args.out or f"{datetime.date.today().isoformat()}-cpu-adamw-defaults.md"
+        path = HERE / "results" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report)
         print(f"wrote {path}")
@@ -595,6 +646,13 @@ def main() -> None:
         action="store_true",
         help="CPUAdamW at its defaults vs AdamW(fused=True), nothing set (see above)",
     )
+    parser.add_argument(
+        "--shipped-only",
+        action="store_true",
+        help="--defaults: only CPUAdamW as shipped (not the OpenMP pause variants)",
+    )
+    parser.add_argument("--dtypes", default="", help="--defaults: e.g. bfloat16 (default: both)")
+    parser.add_argument("--out", default="", help="--defaults: results file name")
     args = parser.parse_args()
     args.sizes_given = any(a.startswith("--sizes") for a in sys.argv[1:])
     if args.defaults:

@@ -92,6 +92,42 @@ def make_case(count: int, rows: int, cols: int, k: int, seed: int = 0) -> dict:
         "columns": [torch.arange(k, dtype=torch.int32) for _ in range(count)],
         "gathered": [packed_list(k) for _ in range(count)],
         "empty_lists": [packed_list(0) for _ in range(count)],
+        # The packed form: one entering / leaving state for all matrices.
+        "empty_packed": packed_list(0),
+        "zero_counts": [0] * count,
+        # A selection change of one column per matrix (the last selected column moves by one).
+        "moved": [torch.cat([s[:-1], s[-1:] + 1]) if k > 0 else s for s in selected],
+        "one_per_matrix": [1 if k > 0 else 0] * count,
+        "moved_packed": ops.ColumnState(
+            torch.zeros(count * rows) if k > 0 else torch.zeros(0),
+            torch.zeros(count * rows if k > 0 else 0),
+            torch.zeros(count * rows if k > 0 else 0),
+            torch.zeros(count if k > 0 else 0, dtype=torch.int32),
+        ),
+        "moved_packed_out": ops.ColumnState(
+            torch.zeros(count * rows) if k > 0 else torch.zeros(0),
+            torch.zeros(count * rows if k > 0 else 0),
+            torch.zeros(count * rows if k > 0 else 0),
+            torch.zeros(count if k > 0 else 0, dtype=torch.int32),
+        ),
+        "state_with_master": [
+            ops.ColumnState(
+                torch.zeros(rows, k),
+                torch.zeros(rows, k),
+                torch.zeros(rows, k),
+                torch.zeros(k, dtype=torch.int32),
+            )
+            for _ in range(count)
+        ],
+        "new_state_with_master": [
+            ops.ColumnState(
+                torch.zeros(rows, k),
+                torch.zeros(rows, k),
+                torch.zeros(rows, k),
+                torch.zeros(k, dtype=torch.int32),
+            )
+            for _ in range(count)
+        ],
         "flat": [[torch.randn(rows * cols, generator=gen) for _ in range(count)] for _ in range(4)],
         "k": k,
     }
@@ -114,13 +150,37 @@ def op_calls(c: dict) -> dict:
             c["grads"], c["selected"], out=c["packed"]
         ),
         "scatter_columns": lambda: ops.scatter_columns(c["packed"], c["params"], c["selected"]),
-        "exchange_selected_columns (same selection)": lambda: ops.exchange_selected_columns(
+        "exchange_selected_columns (same selection, per-matrix lists)": lambda: (
+            ops.exchange_selected_columns(
+                c["selected"],
+                c["selected"],
+                c["state"],
+                c["new_state"],
+                c["empty_lists"],
+                c["empty_lists"],
+            )
+        ),
+        "exchange_selected_columns (same selection, packed)": lambda: ops.exchange_selected_columns(
             c["selected"],
             c["selected"],
             c["state"],
             c["new_state"],
-            c["empty_lists"],
-            c["empty_lists"],
+            c["empty_packed"],
+            c["empty_packed"],
+            entering_counts=c["zero_counts"],
+            leaving_counts=c["zero_counts"],
+        ),
+        "exchange_selected_columns (1 column moves per matrix, master, packed)": lambda: (
+            ops.exchange_selected_columns(
+                c["selected"],
+                c["moved"],
+                c["state_with_master"],
+                c["new_state_with_master"],
+                c["moved_packed"],
+                c["moved_packed_out"],
+                entering_counts=c["one_per_matrix"],
+                leaving_counts=c["one_per_matrix"],
+            )
         ),
         "cpu_accumulate (packed buffer)": lambda: ops.cpu_accumulate(
             c["accumulators"], c["packed"], selected=c["selected"]

@@ -163,7 +163,10 @@ class CPUAdamW(torch.optim.Optimizer):
         buckets: dict[tuple, tuple[list, ...]] = {}
         new_states: dict[torch.Tensor, dict] = {}
         step_tensors: list[torch.Tensor] = []
-        checked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Parallel lists, no per-parameter tuples: this loop runs for every parameter of
+        # every step, and each container it allocates feeds Python's garbage collector.
+        checked_params: list[torch.Tensor] = []
+        checked_grads: list[torch.Tensor] = []
         elements = 0
         for index, group in enumerate(self.param_groups):
             lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
@@ -176,19 +179,25 @@ class CPUAdamW(torch.optim.Optimizer):
             beta2 = _check_number(f"param_groups[{index}].betas[1]", betas[1], 0.0, 1.0)
             mode = "adamw" if group["decoupled_weight_decay"] else "adam"
             scale = -1.0 if group["maximize"] else 1.0
+            # The group's two bucket keys, built once (not once per parameter).
+            group_keys = {
+                False: (beta1, beta2, eps, mode, scale, False),
+                True: (beta1, beta2, eps, mode, scale, True),
+            }
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
                     continue
                 if grad.layout is not _STRIDED:
                     raise RuntimeError("CPUAdamW does not support sparse gradients")
-                checked.append((p, grad))
+                checked_params.append(p)
+                checked_grads.append(grad)
                 state = self.state.get(p)
                 if not state:
                     state = self._new_state(p)
                     new_states[p] = state
                 low_precision = p.dtype in _LOW_PRECISION
-                key = (beta1, beta2, eps, mode, scale, low_precision)
+                key = group_keys[low_precision]
                 lists = buckets.get(key)
                 if lists is None:
                     lists = buckets[key] = ([], [], [], [], [], [], [], [])
@@ -209,7 +218,7 @@ class CPUAdamW(torch.optim.Optimizer):
         # calls, a later one must not fail after an earlier one wrote: check what the
         # native layer would reject first.
         if len(buckets) > 1:
-            for p, grad in checked:
+            for p, grad in zip(checked_params, checked_grads):
                 self._check_param(p, grad)
         for lists in buckets.values():
             step_tensors += lists[5]

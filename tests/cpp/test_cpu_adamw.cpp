@@ -140,7 +140,9 @@ TEST_P(CpuAdamwLevels, MatchesScalarDefinitionBitForBit) {
   if (level > zf_simd_level_supported()) GTEST_SKIP() << "CPU lacks " << zf_simd_level_name(level);
   zenflow::ScopedSimdLevel simd(level);
   std::mt19937_64 rng(17 + level * 3 + grad_dtype);
-  for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{1000}, size_t{40099}}) {
+  // Around 256 elements: where the kernel's prefetching loop hands over to the plain one.
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{255}, size_t{256}, size_t{257},
+                         size_t{264}, size_t{273}, size_t{1000}, size_t{40099}}) {
     for (const zf_adam_mode mode : {ZF_ADAM_MODE_ADAMW, ZF_ADAM_MODE_ADAM}) {
       for (const int out_kind : {-1, int{ZF_DTYPE_F32}, int{ZF_DTYPE_BF16}, int{ZF_DTYPE_F16}}) {
         for (const bool zero_grad : {false, true}) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -334,6 +336,215 @@ TEST(Exchange, BadMasterDescriptorIsCheckedBeforeItsShapeIsRead) {
   args.old_state[0].master.ndim = 9;  // beyond shape[]: must not be read
   EXPECT_THROW(zenflow::exchange_selected_columns(args), zenflow::Error);
   EXPECT_NE(std::string(zf_last_error()).find("old_state[0].master: ndim 9"), std::string::npos) << zf_last_error();
+}
+
+// ---- exchange, packed form --------------------------------------------------------------
+
+// One selection change of several matrices, run in both forms: the per-matrix entering /
+// leaving states and the packed ones (zf_exchange_selected_columns_packed).
+struct PackedExchangeCase {
+  std::vector<std::vector<int32_t>> old_sel, new_sel;
+  std::vector<StateStore> old_s, new_s, in_s, out_s;  // the per-matrix form
+  std::vector<StateStore> packed_new_s;               // new_state of the packed run
+  std::vector<int64_t> rows, entering_counts, leaving_counts;
+  std::vector<bool> master;
+  // The packed buffers: entering holds the same columns as in_s, leaving is poisoned.
+  std::vector<float> in_master, in_exp_avg, in_exp_avg_sq, out_master, out_exp_avg, out_exp_avg_sq;
+  std::vector<int32_t> in_steps, out_steps;
+
+  PackedExchangeCase(const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>>& shapes,
+                     std::mt19937_64& rng) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const auto& [r, n, k_old, k_new, with_master] : shapes) {
+      old_sel.push_back(random_selection(n, k_old, rng));
+      new_sel.push_back(random_selection(n, k_new, rng));
+      int64_t staying = 0;
+      for (int32_t c : new_sel.back()) staying += std::binary_search(old_sel.back().begin(), old_sel.back().end(), c);
+      rows.push_back(r);
+      master.push_back(with_master);
+      entering_counts.push_back(k_new - staying);
+      leaving_counts.push_back(k_old - staying);
+      old_s.emplace_back(r, k_old, false, with_master, 0.0f);
+      old_s.back().randomize(rng);
+      new_s.emplace_back(r, k_new, false, with_master, nan);
+      packed_new_s.emplace_back(r, k_new, false, with_master, nan);
+      in_s.emplace_back(r, k_new - staying, true, with_master, 0.0f);
+      in_s.back().randomize(rng);
+      out_s.emplace_back(r, k_old - staying, true, with_master, nan);
+      // Packed entering: this matrix's columns appended; a matrix without a master gets a
+      // slot of poison in the packed master (it must not be read).
+      const StateStore& e = in_s.back();
+      const size_t elements = e.exp_avg.size();
+      if (with_master) {
+        in_master.insert(in_master.end(), e.master.begin(), e.master.end());
+      } else {
+        in_master.insert(in_master.end(), elements, nan);
+      }
+      in_exp_avg.insert(in_exp_avg.end(), e.exp_avg.begin(), e.exp_avg.end());
+      in_exp_avg_sq.insert(in_exp_avg_sq.end(), e.exp_avg_sq.begin(), e.exp_avg_sq.end());
+      in_steps.insert(in_steps.end(), e.steps.begin(), e.steps.end());
+      const size_t leaving_elements = out_s.back().exp_avg.size();
+      out_master.insert(out_master.end(), leaving_elements, -5.0f);
+      out_exp_avg.insert(out_exp_avg.end(), leaving_elements, nan);
+      out_exp_avg_sq.insert(out_exp_avg_sq.end(), leaving_elements, nan);
+      out_steps.insert(out_steps.end(), out_s.back().steps.size(), -77);
+    }
+  }
+
+  static zf_column_state packed_state(std::vector<float>& m, std::vector<float>& a, std::vector<float>& v,
+                                      std::vector<int32_t>& steps) {
+    zf_column_state s{};
+    s.master = zenflow::contiguous_tensor(m.empty() ? nullptr : m.data(), ZF_DTYPE_F32, {int64_t(m.size())});
+    s.exp_avg = zenflow::contiguous_tensor(a.data(), ZF_DTYPE_F32, {int64_t(a.size())});
+    s.exp_avg_sq = zenflow::contiguous_tensor(v.data(), ZF_DTYPE_F32, {int64_t(v.size())});
+    s.steps = zenflow::contiguous_tensor(steps.data(), ZF_DTYPE_I32, {int64_t(steps.size())});
+    return s;
+  }
+
+  zenflow::ExchangeArgs per_matrix_args() {
+    zenflow::ExchangeArgs args;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      args.old_selected.push_back(
+          zenflow::contiguous_tensor(old_sel[i].data(), ZF_DTYPE_I32, {int64_t(old_sel[i].size())}));
+      args.new_selected.push_back(
+          zenflow::contiguous_tensor(new_sel[i].data(), ZF_DTYPE_I32, {int64_t(new_sel[i].size())}));
+      args.old_state.push_back(old_s[i].view());
+      args.new_state.push_back(new_s[i].view());
+      args.entering.push_back(in_s[i].view());
+      args.leaving.push_back(out_s[i].view());
+    }
+    return args;
+  }
+
+  zenflow::PackedExchangeArgs packed_args() {
+    zenflow::PackedExchangeArgs args;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      args.old_selected.push_back(
+          zenflow::contiguous_tensor(old_sel[i].data(), ZF_DTYPE_I32, {int64_t(old_sel[i].size())}));
+      args.new_selected.push_back(
+          zenflow::contiguous_tensor(new_sel[i].data(), ZF_DTYPE_I32, {int64_t(new_sel[i].size())}));
+      args.old_state.push_back(old_s[i].view());
+      args.new_state.push_back(packed_new_s[i].view());
+    }
+    args.entering_counts = entering_counts;
+    args.leaving_counts = leaving_counts;
+    args.entering = packed_state(in_master, in_exp_avg, in_exp_avg_sq, in_steps);
+    args.leaving = packed_state(out_master, out_exp_avg, out_exp_avg_sq, out_steps);
+    return args;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST(ExchangePacked, EqualsThePerMatrixFormBitwise) {
+  std::mt19937_64 rng(31);
+  // rows, n, k_old, k_new, master: primes, 1xN, Nx1, nothing entering or leaving, empty
+  // selections, zero rows, and matrices with and without a master side by side.
+  PackedExchangeCase c({{5, 40, 8, 8, true},
+                        {1, 17, 3, 5, false},
+                        {37, 101, 10, 10, true},
+                        {4, 9, 0, 4, true},
+                        {6, 9, 4, 0, false},
+                        {3, 12, 12, 12, true},
+                        {0, 10, 2, 2, false},
+                        {7, 1, 1, 1, true},
+                        {13, 31, 7, 11, true}},
+                       rng);
+  zenflow::exchange_selected_columns(c.per_matrix_args());
+  const zenflow::PackedExchangeArgs packed = c.packed_args();
+  EXPECT_EQ(zenflow::exchange_selected_columns_workspace_bytes(packed), 0u);
+  zenflow::exchange_selected_columns(packed);
+  size_t at = 0, steps_at = 0;
+  for (size_t i = 0; i < c.rows.size(); ++i) {
+    SCOPED_TRACE("matrix " + std::to_string(i));
+    EXPECT_TRUE(same_bits(c.packed_new_s[i].exp_avg, c.new_s[i].exp_avg));
+    EXPECT_TRUE(same_bits(c.packed_new_s[i].exp_avg_sq, c.new_s[i].exp_avg_sq));
+    EXPECT_TRUE(same_bits(c.packed_new_s[i].master, c.new_s[i].master));
+    EXPECT_EQ(c.packed_new_s[i].steps, c.new_s[i].steps);
+    const StateStore& out = c.out_s[i];
+    const size_t n = out.exp_avg.size();
+    const std::vector<float> a(c.out_exp_avg.begin() + at, c.out_exp_avg.begin() + at + n);
+    const std::vector<float> v(c.out_exp_avg_sq.begin() + at, c.out_exp_avg_sq.begin() + at + n);
+    const std::vector<float> m(c.out_master.begin() + at, c.out_master.begin() + at + n);
+    EXPECT_TRUE(same_bits(a, out.exp_avg));
+    EXPECT_TRUE(same_bits(v, out.exp_avg_sq));
+    if (c.master[i]) {
+      EXPECT_TRUE(same_bits(m, out.master));
+    } else {
+      for (float x : m) EXPECT_EQ(x, -5.0f);  // a matrix without a master leaves its slot alone
+    }
+    const std::vector<int32_t> steps(c.out_steps.begin() + steps_at, c.out_steps.begin() + steps_at + out.steps.size());
+    EXPECT_EQ(steps, out.steps);
+    at += n;
+    steps_at += out.steps.size();
+  }
+  EXPECT_EQ(at, c.out_exp_avg.size());
+}
+
+TEST(ExchangePacked, BadInputFailsNamingItAndWritesNothing) {
+  std::mt19937_64 rng(32);
+  // Matrices 1 and 2 have the same rows: moving a count between them keeps the totals.
+  PackedExchangeCase c({{5, 40, 8, 8, true}, {4, 17, 3, 5, true}, {4, 9, 2, 4, true}}, rng);
+  const std::vector<StateStore> new_before = c.packed_new_s;
+  const std::vector<float> out_before = c.out_exp_avg;
+  const std::vector<int32_t> out_steps_before = c.out_steps;
+  struct Case {
+    const char* what;
+    std::function<void(zenflow::PackedExchangeArgs&)> spoil;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"an entering count that does not match the lists",
+       [](zenflow::PackedExchangeArgs& a) {
+         ++a.entering_counts[1];
+         --a.entering_counts[2];
+       },
+       "entering[1]"},
+      {"a negative count", [](zenflow::PackedExchangeArgs& a) { a.leaving_counts[0] = -1; }, "leaving_counts[0]"},
+      {"an entering buffer of the wrong size", [](zenflow::PackedExchangeArgs& a) { --a.entering.exp_avg.shape[0]; },
+       "entering.exp_avg"},
+      {"leaving steps of the wrong size", [](zenflow::PackedExchangeArgs& a) { ++a.leaving.steps.shape[0]; },
+       "leaving.steps"},
+      {"a strided entering buffer",
+       [](zenflow::PackedExchangeArgs& a) {
+         a.entering.exp_avg_sq.shape[0] /= 2;
+         a.entering.exp_avg_sq.strides[0] = 2;
+       },
+       "entering.exp_avg_sq"},
+      {"a leaving buffer of the wrong dtype",
+       [](zenflow::PackedExchangeArgs& a) { a.leaving.exp_avg.dtype = ZF_DTYPE_BF16; }, "leaving.exp_avg"},
+      {"no packed master while the matrices have one",
+       [](zenflow::PackedExchangeArgs& a) {
+         a.entering.master = zenflow::contiguous_tensor(nullptr, ZF_DTYPE_F32, {0});
+       },
+       "entering[0].master"},
+      {"two leaving fields in one buffer",
+       [](zenflow::PackedExchangeArgs& a) { a.leaving.exp_avg_sq.data = a.leaving.exp_avg.data; }, "overlaps"},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    zenflow::PackedExchangeArgs args = c.packed_args();
+    bad.spoil(args);
+    EXPECT_THROW(zenflow::exchange_selected_columns(args), zenflow::Error);
+    EXPECT_NE(std::string(zf_last_error()).find(bad.message), std::string::npos) << zf_last_error();
+    for (size_t i = 0; i < new_before.size(); ++i) {
+      EXPECT_TRUE(same_bits(c.packed_new_s[i].exp_avg, new_before[i].exp_avg));
+      EXPECT_EQ(c.packed_new_s[i].steps, new_before[i].steps);
+    }
+    EXPECT_TRUE(same_bits(c.out_exp_avg, out_before));
+    EXPECT_EQ(c.out_steps, out_steps_before);
+  }
+  // NULL counts with matrices, and no matrices at all.
+  zenflow::PackedExchangeArgs args = c.packed_args();
+  EXPECT_EQ(zf_exchange_selected_columns_packed(
+                args.old_selected.data(), args.new_selected.data(), args.old_state.data(), args.new_state.data(),
+                nullptr, &args.entering, args.leaving_counts.data(), &args.leaving, 3, nullptr, nullptr, nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_exchange_selected_columns_packed(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                0, nullptr, nullptr, nullptr),
+            ZF_SUCCESS);
 }
 
 TEST(PackedLayout, OffsetsAreTheOneDefinitionAndRejectBadShapes) {

@@ -200,3 +200,145 @@ def test_exchange_moves_only_changing_columns(master):
         assert torch.equal(new_steps[stay_new], old_steps[stay_old])
         assert torch.equal(new_steps[~stay_new], in_steps)
         assert torch.equal(out_steps, old_steps[~stay_old])
+
+
+def _packed(states, master):
+    """One packed host-layout ColumnState of per-matrix [E_i, m_i] states (the packed form)."""
+
+    def cat(field):
+        return torch.cat([getattr(st, field).reshape(-1) for st in states])
+
+    return ops.ColumnState(
+        cat("master") if master else None, cat("exp_avg"), cat("exp_avg_sq"), cat("steps")
+    )
+
+
+def _exchange_case(gen, master, cases):
+    old_sel, new_sel, old_s, ent = [], [], [], []
+    for rows, n, k_old, k_new in cases:
+        o, nw = random_selection(n, k_old, gen), random_selection(n, k_new, gen)
+        old_sel.append(o)
+        new_sel.append(nw)
+        old_s.append(_state(rows, k_old, master, False, gen))
+        ent.append(_state(rows, k_new - int(torch.isin(nw, o).sum()), master, True, gen))
+    return old_sel, new_sel, old_s, ent
+
+
+@pytest.mark.parametrize("master", [False, True])
+def test_exchange_packed_form_equals_per_matrix_form(master):
+    gen = torch.Generator().manual_seed(10)
+    cases = [
+        (5, 40, 8, 8),
+        (1, 17, 3, 5),
+        (37, 101, 10, 10),
+        (4, 9, 0, 4),
+        (6, 9, 4, 0),
+        (7, 1, 1, 1),
+    ]
+    cases += [(0, 10, 2, 2), (3, 12, 12, 12), (13, 31, 7, 11)]
+    old_sel, new_sel, old_s, ent = _exchange_case(gen, master, cases)
+    rows = [r for r, *_ in cases]
+    e_counts = [st.steps.numel() for st in ent]
+    l_counts = [len(o) - (len(nw) - e) for o, nw, e in zip(old_sel, new_sel, e_counts)]
+    new_a = [_state(r, len(nw), master, False) for r, nw in zip(rows, new_sel)]
+    new_b = [_state(r, len(nw), master, False) for r, nw in zip(rows, new_sel)]
+    lea = [_state(r, c, master, True) for r, c in zip(rows, l_counts)]
+    ops.exchange_selected_columns(old_sel, new_sel, old_s, new_a, ent, lea)
+    packed_in = _packed(ent, master)
+    packed_out = _packed([_state(r, c, master, True) for r, c in zip(rows, l_counts)], master)
+    # Matrix i's part starts where packed_offsets of [m_i, E_i] (nothing selected) says.
+    offsets = ops.packed_offsets([(r, e) for r, e in zip(rows, e_counts)], [0] * len(rows))
+    assert offsets[-1] == packed_in.exp_avg.numel()
+    ops.exchange_selected_columns(
+        old_sel,
+        new_sel,
+        old_s,
+        new_b,
+        packed_in,
+        packed_out,
+        entering_counts=e_counts,
+        leaving_counts=l_counts,
+    )
+    for a, b in zip(new_a, new_b):
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or torch.equal(x, y)
+    expected_out = _packed(lea, master)
+    for x, y in zip(packed_out, expected_out):
+        assert (x is None and y is None) or torch.equal(x, y)
+
+
+def test_exchange_packed_form_bad_input_names_it_and_writes_nothing():
+    gen = torch.Generator().manual_seed(11)
+    cases = [(5, 40, 8, 8), (4, 17, 3, 5), (4, 9, 2, 4)]
+    old_sel, new_sel, old_s, ent = _exchange_case(gen, True, cases)
+    rows = [r for r, *_ in cases]
+    e_counts = [st.steps.numel() for st in ent]
+    l_counts = [len(o) - (len(nw) - e) for o, nw, e in zip(old_sel, new_sel, e_counts)]
+    new_s = [_state(r, len(nw), True, False) for r, nw in zip(rows, new_sel)]
+    packed_in = _packed(ent, True)
+    packed_out = _packed([_state(r, c, True, True) for r, c in zip(rows, l_counts)], True)
+
+    def call(entering=packed_in, leaving=packed_out, ec=e_counts, lc=l_counts, **kw):
+        ops.exchange_selected_columns(
+            old_sel,
+            new_sel,
+            old_s,
+            new_s,
+            entering,
+            leaving,
+            entering_counts=ec,
+            leaving_counts=lc,
+            **kw,
+        )
+
+    moved = list(e_counts)
+    moved[1] += 1
+    moved[2] -= 1  # same totals (equal rows): only the lists can tell
+    bad = [
+        (ValueError, r"entering\[1\]", lambda: call(ec=moved)),
+        (ValueError, "leaving_counts", lambda: call(lc=l_counts[:2])),
+        (ValueError, r"leaving_counts\[0\]", lambda: call(lc=[-1] + l_counts[1:])),
+        (TypeError, r"entering_counts\[0\]", lambda: call(ec=["1"] + e_counts[1:])),
+        (
+            ValueError,
+            "leaving_counts",
+            lambda: ops.exchange_selected_columns(
+                old_sel, new_sel, old_s, new_s, packed_in, packed_out, entering_counts=e_counts
+            ),
+        ),
+        (
+            ValueError,
+            "entering.exp_avg",
+            lambda: call(entering=packed_in._replace(exp_avg=packed_in.exp_avg[1:])),
+        ),
+        (
+            TypeError,
+            "leaving.steps",
+            lambda: call(leaving=packed_out._replace(steps=packed_out.steps.float())),
+        ),
+        (
+            ValueError,
+            "entering.exp_avg_sq",
+            lambda: call(
+                entering=packed_in._replace(
+                    exp_avg_sq=torch.zeros(2 * packed_in.exp_avg_sq.numel())[::2]
+                )
+            ),
+        ),
+        (
+            ValueError,
+            r"entering\[0\].master",
+            lambda: call(entering=packed_in._replace(master=None)),
+        ),
+        (TypeError, "leaving", lambda: call(leaving=[packed_out])),
+    ]
+    before_new = [[t.clone() for t in st] for st in new_s]
+    before_out = [t.clone() for t in packed_out]
+    for error, match, fn in bad:
+        with pytest.raises(error, match=match):
+            fn()
+        for st, ref in zip(new_s, before_new):
+            for x, y in zip(st, ref):
+                assert torch.equal(x.nan_to_num(), y.nan_to_num())  # still the poison
+        for x, y in zip(packed_out, before_out):
+            assert torch.equal(x.nan_to_num(), y.nan_to_num())

@@ -307,6 +307,38 @@ def test_exchange_equals_host():
         for sh, sd in zip(lst_h, lst_d):
             for a, b in zip(sh, sd):
                 assert torch.equal(a, b.cpu())
+    # The packed form (one entering and one leaving state for all matrices) on the device
+    # equals the per-matrix form on the host.
+    e_counts = [st.steps.numel() for st in args_h[4]]
+    l_counts = [st.steps.numel() for st in args_h[5]]
+
+    def packed(states):
+        return ops.ColumnState(
+            *(torch.cat([t.reshape(-1) for t in fields]) for fields in zip(*states))
+        )
+
+    new_d = [
+        _cuda_state(_state(r, len(nw), False, gen, True)) for (r, *_), nw in zip(cases, args_h[1])
+    ]
+    out_d = _cuda_state(
+        packed([_state(r, c, True, gen, True) for (r, *_), c in zip(cases, l_counts)])
+    )
+    ops.exchange_selected_columns(
+        args_d[0],
+        args_d[1],
+        args_d[2],
+        new_d,
+        _cuda_state(packed(args_h[4])),
+        out_d,
+        entering_counts=e_counts,
+        leaving_counts=l_counts,
+    )
+    torch.cuda.synchronize()
+    for sh, sd in zip(args_h[3], new_d):
+        for a, b in zip(sh, sd):
+            assert torch.equal(a, b.cpu())
+    for a, b in zip(packed(args_h[5]), out_d):
+        assert torch.equal(a, b.cpu())
 
 
 # ---- cupy arrays through the same ops ---------------------------------------------------------

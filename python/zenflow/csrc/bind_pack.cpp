@@ -130,6 +130,39 @@ void register_pack(py::module_& m) {
       },
       py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"), py::arg("entering"),
       py::arg("leaving"), py::arg("allocate") = py::none(), py::arg("stream") = 0);
+
+  // The packed form: `entering` and `leaving` are one state each for all matrices, cut by the
+  // per-matrix column counts (zf_exchange_selected_columns_packed).
+  m.def(
+      "exchange_selected_columns_packed",
+      [](const py::object& old_selected, const py::object& new_selected, const py::object& old_state,
+         const py::object& new_state, const std::vector<int64_t>& entering_counts, const py::object& entering,
+         const std::vector<int64_t>& leaving_counts, const py::object& leaving, const py::object& allocate,
+         intptr_t stream) {
+        Converter conv(stream);
+        const auto old_desc = conv.list(old_selected, "old_selected", Access::kRead);
+        const auto new_desc = conv.list(new_selected, "new_selected", Access::kRead);
+        const auto old_s = conv.states(old_state, "old_state", Access::kRead);
+        const auto new_s = conv.states(new_state, "new_state", Access::kWrite);
+        const zf_column_state in_s = conv.state(entering, "entering", -1, Access::kRead);
+        const zf_column_state out_s = conv.state(leaving, "leaving", -1, Access::kWrite);
+        const size_t count = old_desc.size();
+        require_length(count, new_desc.size(), "new_selected", "matrices");
+        require_length(count, old_s.size(), "old_state", "matrices");
+        require_length(count, new_s.size(), "new_state", "matrices");
+        require_length(count, entering_counts.size(), "entering_counts", "matrices");
+        require_length(count, leaving_counts.size(), "leaving_counts", "matrices");
+        if (count == 0) return size_t{0};
+        return run_with_workspace(
+            conv, old_desc[0].device.type == ZF_DEVICE_CUDA, allocate, [&](void* ws, size_t* bytes) {
+              return zf_exchange_selected_columns_packed(old_desc.data(), new_desc.data(), old_s.data(), new_s.data(),
+                                                         entering_counts.data(), &in_s, leaving_counts.data(), &out_s,
+                                                         count, ws, bytes, reinterpret_cast<zf_stream>(stream));
+            });
+      },
+      py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"),
+      py::arg("entering_counts"), py::arg("entering"), py::arg("leaving_counts"), py::arg("leaving"),
+      py::arg("allocate") = py::none(), py::arg("stream") = 0);
 }
 
 }  // namespace zf_py

@@ -144,7 +144,18 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
     }
     out.dtype = static_cast<zf_dtype>(code);
   }
-  {
+  // The device: calls take lists of tensors on one device, so the device of the previous
+  // tensor is asked about first (one attribute read per tensor instead of two on the CPU).
+  static thread_local bool last_on_cpu = false;
+  if (last_on_cpu) {
+    py::object is_cpu = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_is_cpu), name, "device"));
+    if (is_cpu.ptr() == Py_True) {
+      out.device = zf_device{ZF_DEVICE_CPU, 0};
+    } else {
+      last_on_cpu = false;
+    }
+  }
+  if (!last_on_cpu) {
     py::object is_cuda = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_is_cuda), name, "device"));
     if (is_cuda.ptr() == Py_True) {
       py::object index =
@@ -157,6 +168,7 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
         type_error(name.str() + ": a tensor on device '" + device + "'; zenflow takes CPU and CUDA tensors");
       }
       out.device = zf_device{ZF_DEVICE_CPU, 0};
+      last_on_cpu = true;
     }
   }
   if (out.dtype != ZF_DTYPE_I32 && out.dtype != ZF_DTYPE_I64) {  // the lazy sign bit exists on float views only
@@ -378,32 +390,34 @@ std::vector<zf_tensor> Converter::optional_list(py::handle seq, const char* name
   return list(seq, name, access);
 }
 
+zf_column_state Converter::state(py::handle entry, const char* name, ptrdiff_t index, Access access) {
+  if ((!PyTuple_Check(entry.ptr()) && !PyList_Check(entry.ptr())) || PySequence_Fast_GET_SIZE(entry.ptr()) != 4) {
+    type_error(ArgName{name, index}.str() +
+               ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " + type_name(entry));
+  }
+  PyObject** parts = PySequence_Fast_ITEMS(entry.ptr());
+  zf_column_state s{};
+  s.exp_avg = tensor(parts[1], ArgName{name, index, "exp_avg"}, access);
+  s.exp_avg_sq = tensor(parts[2], ArgName{name, index, "exp_avg_sq"}, access);
+  s.steps = tensor(parts[3], ArgName{name, index, "steps"}, access);
+  if (parts[0] == Py_None) {
+    s.master = zf_tensor{};  // shape [0]: "no master"
+    s.master.dtype = ZF_DTYPE_F32;
+    s.master.device = s.exp_avg.device;
+    s.master.ndim = 1;
+    s.master.strides[0] = 1;
+  } else {
+    s.master = tensor(parts[0], ArgName{name, index, "master"}, access);
+  }
+  return s;
+}
+
 std::vector<zf_column_state> Converter::states(py::handle seq, const char* name, Access access) {
   const py::object items = as_fast_sequence(seq, name);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
   PyObject** raw = PySequence_Fast_ITEMS(items.ptr());
   std::vector<zf_column_state> out(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* entry = raw[i];
-    if ((!PyTuple_Check(entry) && !PyList_Check(entry)) || PySequence_Fast_GET_SIZE(entry) != 4) {
-      type_error(ArgName{name, i}.str() +
-                 ": expected a ColumnState (master or None, exp_avg, exp_avg_sq, steps), got " + type_name(entry));
-    }
-    PyObject** parts = PySequence_Fast_ITEMS(entry);
-    zf_column_state& s = out[static_cast<size_t>(i)];
-    s.exp_avg = tensor(parts[1], ArgName{name, i, "exp_avg"}, access);
-    s.exp_avg_sq = tensor(parts[2], ArgName{name, i, "exp_avg_sq"}, access);
-    s.steps = tensor(parts[3], ArgName{name, i, "steps"}, access);
-    if (parts[0] == Py_None) {
-      s.master = zf_tensor{};  // shape [0]: "no master"
-      s.master.dtype = ZF_DTYPE_F32;
-      s.master.device = s.exp_avg.device;
-      s.master.ndim = 1;
-      s.master.strides[0] = 1;
-    } else {
-      s.master = tensor(parts[0], ArgName{name, i, "master"}, access);
-    }
-  }
+  for (Py_ssize_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = state(raw[i], name, i, access);
   return out;
 }
 

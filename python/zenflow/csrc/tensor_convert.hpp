@@ -68,6 +68,8 @@ class Converter {
   std::vector<zf_tensor> optional_list(py::handle seq, const char* name, Access access);
   // The zf_column_state of each (master or None, exp_avg, exp_avg_sq, steps) entry.
   std::vector<zf_column_state> states(py::handle seq, const char* name, Access access);
+  // One (master or None, exp_avg, exp_avg_sq, steps) entry; index < 0: named `name` alone.
+  zf_column_state state(py::handle entry, const char* name, ptrdiff_t index, Access access);
 
   // Calls the C function with the GIL released, raises on failure, bumps versions on success.
   template <typename Fn>

@@ -104,24 +104,60 @@ def exchange_selected_columns(
     new_selected: Sequence[Any],
     old_state: Sequence[ColumnState],
     new_state: Sequence[ColumnState],
-    entering: Sequence[ColumnState],
-    leaving: Sequence[ColumnState],
+    entering: Sequence[ColumnState] | ColumnState,
+    leaving: Sequence[ColumnState] | ColumnState,
     *,
+    entering_counts: Sequence[int] | None = None,
+    leaving_counts: Sequence[int] | None = None,
     stream: int | None = None,
 ) -> None:
     """Device side of a selection change (zenflow/pack.h): new_state [m, k_new] takes the
     staying columns from old_state and the entering ones from `entering` (packed host
     layout [E, m], ascending column order); the leaving columns go to `leaving` ([L, m]).
-    Master, moments and step counts move unchanged."""
+    Master, moments and step counts move unchanged.
+
+    Two forms of `entering` / `leaving`:
+
+    - one ColumnState per matrix ([E_i, m_i], steps [E_i]);
+    - with entering_counts= and leaving_counts= (E_i and L_i of every matrix): one
+      ColumnState each for all matrices (zf_exchange_selected_columns_packed), contiguous
+      fp32 fields of sum_i E_i * m_i elements with matrix i's columns from
+      packed_offsets([(m_j, E_j)], [0] * count)[i], and steps of sum_i E_i. Fewer arrays to
+      convert: the form to use for many matrices.
+    """
     old_selected = as_list("old_selected", old_selected)
     anchor = old_selected[0] if old_selected else None
-    native().exchange_selected_columns(
+    allocate = None if anchor is None else _arrays.workspace_allocator(anchor)
+    handle = 0 if anchor is None else _arrays.current_stream(anchor, stream)
+    if entering_counts is None and leaving_counts is None:
+        native().exchange_selected_columns(
+            old_selected, new_selected, old_state, new_state, entering, leaving, allocate, handle
+        )
+        return
+    if entering_counts is None or leaving_counts is None:
+        missing = "entering_counts" if entering_counts is None else "leaving_counts"
+        raise ValueError(f"{missing}: give both entering_counts= and leaving_counts=, or neither")
+    counts = []
+    for name, values in (("entering_counts", entering_counts), ("leaving_counts", leaving_counts)):
+        values = as_list(name, values)
+        # Plain ints pass as they are (this runs for every matrix of every exchange).
+        if all(type(v) is int for v in values):
+            checked = values
+        else:
+            checked = [integer(f"{name}[{i}]", v) for i, v in enumerate(values)]
+        for i, v in enumerate(checked):
+            if not 0 <= v < 2**31:
+                raise ValueError(f"{name}[{i}]: {v} is not a column count (0 to 2**31 - 1)")
+        counts.append(checked)
+    native().exchange_selected_columns_packed(
         old_selected,
         new_selected,
         old_state,
         new_state,
+        counts[0],
         entering,
+        counts[1],
         leaving,
-        None if anchor is None else _arrays.workspace_allocator(anchor),
-        0 if anchor is None else _arrays.current_stream(anchor, stream),
+        allocate,
+        handle,
     )
