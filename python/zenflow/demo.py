@@ -528,7 +528,9 @@ def plot(results: dict[str, dict], path: Path, title: str) -> bool:
     compute = [1e3 * results[n]["compute_seconds_per_step"] for n in names]
     stall = [1e3 * results[n]["stall_seconds_per_step"] for n in names]
     copies = [1e3 * results[n]["copy_seconds_per_step"] for n in names]
-    right.bar(names, compute, label="compute", color="#8c8c8c")
+    right.bar(
+        names, compute, label="compute (the model, and the engine's own step work)", color="#8c8c8c"
+    )
     right.bar(
         names, stall, bottom=compute, label="stall (waiting for the CPU optimizer)", color="#c44e52"
     )
