@@ -392,12 +392,25 @@ class Explode(torch.autograd.Function):
         raise RuntimeError("boom in backward")
 
 
-def test_failed_backward_then_zero_grad_leaves_the_optimizer_usable():
-    clean = make_model("mlp")
-    train(clean, zenflow.ZenFlowAdamW(clean.parameters(), lr=1e-2, **CONFIG), steps=8)
-
+def uninterrupted(steps, **options):
+    """The weights of an MLP after `steps` plain steps (what a disturbed run must end at)."""
     model = make_model("mlp")
-    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, bucket_bytes=1, **CONFIG)
+    train(
+        model,
+        zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **{**CONFIG, **options}),
+        steps=steps,
+    )
+    return weights(model)
+
+
+def fresh_mlp(**options):
+    model = make_model("mlp")
+    return model, zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **{**CONFIG, **options})
+
+
+def test_failed_backward_then_zero_grad_leaves_the_optimizer_usable():
+    clean = uninterrupted(8)
+    model, opt = fresh_mlp(bucket_bytes=1)
     opt.overlap_backward(model)
     train(model, opt, steps=4)
     x, y = batch("mlp", 99)
@@ -408,28 +421,24 @@ def test_failed_backward_then_zero_grad_leaves_the_optimizer_usable():
     assert opt._split is not None
     opt.zero_grad()  # discards the half-submitted step
     train(model, opt, steps=4, start=4)
-    assert_bitwise(weights(clean), weights(model))
+    assert_bitwise(clean, weights(model))
 
 
 def test_exception_in_the_training_loop_mid_window():
-    clean = make_model("mlp")
-    train(clean, zenflow.ZenFlowAdamW(clean.parameters(), lr=1e-2, **CONFIG), steps=8)
-    model = make_model("mlp")
-    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
+    clean = uninterrupted(8)
+    model, opt = fresh_mlp()
     train(model, opt, steps=4)  # mid-window (update_interval 3), a host update in flight
     with pytest.raises(ZeroDivisionError):
         loss_of(model, *batch("mlp", 4)).backward()
         raise ZeroDivisionError  # the user's own code fails between backward and step
     opt.zero_grad()
     train(model, opt, steps=4, start=4)
-    assert_bitwise(weights(clean), weights(model))
+    assert_bitwise(clean, weights(model))
 
 
 def test_nan_gradient_raises_naming_the_parameter_and_changes_nothing():
-    clean = make_model("mlp")
-    train(clean, zenflow.ZenFlowAdamW(clean.parameters(), lr=1e-2, **CONFIG), steps=6)
-    model = make_model("mlp")
-    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
+    clean = uninterrupted(6)
+    model, opt = fresh_mlp()
     train(model, opt, steps=3)
     loss_of(model, *batch("mlp", 3)).backward()
     good = [p.grad.clone() for p in model.parameters()]
@@ -441,7 +450,7 @@ def test_nan_gradient_raises_naming_the_parameter_and_changes_nothing():
     opt.step()
     opt.zero_grad()
     train(model, opt, steps=2, start=4)
-    assert_bitwise(weights(clean), weights(model))
+    assert_bitwise(clean, weights(model))
 
 
 def test_interpreter_exit_never_hangs():
