@@ -49,7 +49,7 @@ WorkspaceLayout layout_for(const StatsPlan& plan) {
   WorkspaceLayout layout{};
   size_t offset = 0;
   layout.partials = offset;
-  offset = align_up(offset + static_cast<size_t>(plan.tiles) * kStatsBlockColumns * sizeof(float));
+  offset = align_up(offset + static_cast<size_t>(plan.tiles) * kStatsBlockColumns * sizeof(double));
   layout.block_totals = offset;
   offset = align_up(offset + static_cast<size_t>(plan.column_blocks) * sizeof(double));
   layout.block_tickets = offset;
@@ -81,7 +81,7 @@ void column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count,
   check_cuda(cudaMemsetAsync(base + layout.block_tickets, 0, layout.bytes - layout.block_tickets, cuda_stream),
              "cudaMemsetAsync(workspace)");
   StatsWorkspace ws{};
-  ws.chunk_partials = reinterpret_cast<float*>(base + layout.partials);
+  ws.chunk_partials = reinterpret_cast<double*>(base + layout.partials);
   ws.block_totals = reinterpret_cast<double*>(base + layout.block_totals);
   ws.block_tickets = reinterpret_cast<unsigned int*>(base + layout.block_tickets);
   ws.final_ticket = reinterpret_cast<unsigned int*>(base + layout.final_ticket);

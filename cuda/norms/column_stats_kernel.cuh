@@ -2,11 +2,14 @@
 // non-finite flag for a list of row-major gradients, in one launch and one read.
 //
 // Work split: a tile is (matrix, 256-column block, 1024-row chunk). A block of 256 threads
-// reads its tile with 16-byte loads (8 columns per thread, one warp per row), squares in
-// fp64 (exact) and sums in fp64. Partial sums go to the workspace in fp32; the last tile
-// of a column block to finish (an atomic ticket) sums the chunks in chunk order, and the
-// last column block sums the block totals in block order. Every order depends on shapes
-// only, so the result is the same on every run.
+// reads its tile with 16-byte loads (8 columns per thread, one warp per row, 4 rows in
+// flight per warp), squares in fp64 (exact) and sums in fp64. Partial sums stay in fp64 in
+// the workspace; the last tile of a column block to finish (an atomic ticket) sums the
+// chunks in chunk order, and the last column block sums the block totals in block order.
+// Every order depends on shapes only, so the result is the same on every run. Nothing is
+// rounded before the final fp32 outputs, and no fp64 sum of squares of finite 16/32-bit
+// values can overflow: the total is non-finite exactly when an input is, which is the
+// flag the host reports too.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,7 +53,7 @@ struct StatsLaunchTable {
 };
 
 struct StatsWorkspace {
-  float* chunk_partials;        // [tile][kStatsBlockColumns]
+  double* chunk_partials;       // [tile][kStatsBlockColumns]
   double* block_totals;         // [column block]
   unsigned int* block_tickets;  // [column block], zeroed before the first launch
   unsigned int* final_ticket;   // [1], zeroed before the first launch
@@ -58,44 +61,111 @@ struct StatsWorkspace {
   int32_t* nonfinite;
 };
 
-__device__ __forceinline__ void load_eight_as_float(const void* base, int32_t dtype, int64_t offset, bool vector,
-                                                    int32_t valid, float out[kStatsColumnsPerThread]) {
-  if (vector) {
-    if (dtype == ZF_DTYPE_F32) {
-      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + offset);
-      const float4 a = __ldg(p), b = __ldg(p + 1);
-      out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-      out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-      return;
+// The eight raw values one lane reads per row, loaded before any is converted so that the
+// loads of every row in flight are issued back to back (a conversion right after a load
+// would wait for it). Vector form: one 16-byte load (16-bit types) or two (fp32).
+template <int32_t kDtype>
+struct RawEight {
+  static constexpr bool kWide = kDtype == ZF_DTYPE_F32;
+  uint4 words[kWide ? 2 : 1];
+};
+
+template <int32_t kDtype>
+__device__ __forceinline__ RawEight<kDtype> load_raw_vector(const void* base, int64_t offset) {
+  RawEight<kDtype> raw;
+  if constexpr (RawEight<kDtype>::kWide) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + offset);
+    raw.words[0] = __ldg(p);
+    raw.words[1] = __ldg(p + 1);
+  } else {
+    raw.words[0] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + offset));
+  }
+  return raw;
+}
+
+// Scalar form for unaligned data or the last, partial group of columns: `valid` values,
+// zero bits past it (which square to 0).
+template <int32_t kDtype>
+__device__ __forceinline__ RawEight<kDtype> load_raw_scalar(const void* base, int64_t offset, int32_t valid) {
+  uint32_t bits[kStatsColumnsPerThread];
+#pragma unroll
+  for (int c = 0; c < kStatsColumnsPerThread; ++c) {
+    if constexpr (RawEight<kDtype>::kWide) {
+      bits[c] = c < valid ? __ldg(static_cast<const uint32_t*>(base) + offset + c) : 0u;
+    } else {
+      bits[c] = c < valid ? static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(base) + offset + c)) : 0u;
     }
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + offset));
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  }
+  RawEight<kDtype> raw;
+  if constexpr (RawEight<kDtype>::kWide) {
+    raw.words[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    raw.words[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+  } else {
+    raw.words[0] =
+        make_uint4(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16, bits[4] | bits[5] << 16, bits[6] | bits[7] << 16);
+  }
+  return raw;
+}
+
+template <int32_t kDtype>
+__device__ __forceinline__ float raw_to_float(uint32_t bits) {
+  if constexpr (kDtype == ZF_DTYPE_F32) return __uint_as_float(bits);
+  if constexpr (kDtype == ZF_DTYPE_BF16) return __uint_as_float(bits << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// sums[c] += value_c^2, squared and summed in fp64: the square of any fp32 value is exact
+// in fp64 and no sum of them overflows, so a sum is non-finite only for a non-finite input.
+template <int32_t kDtype>
+__device__ __forceinline__ void accumulate_squares(const RawEight<kDtype>& raw, double sums[kStatsColumnsPerThread]) {
+  uint32_t bits[kStatsColumnsPerThread];
+  if constexpr (RawEight<kDtype>::kWide) {
+    const uint4 a = raw.words[0], b = raw.words[1];
+    bits[0] = a.x, bits[1] = a.y, bits[2] = a.z, bits[3] = a.w;
+    bits[4] = b.x, bits[5] = b.y, bits[6] = b.z, bits[7] = b.w;
+  } else {
+    const uint32_t words[4] = {raw.words[0].x, raw.words[0].y, raw.words[0].z, raw.words[0].w};
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      const uint16_t lo = static_cast<uint16_t>(words[w] & 0xffffu), hi = static_cast<uint16_t>(words[w] >> 16);
-      if (dtype == ZF_DTYPE_BF16) {
-        out[2 * w] = __uint_as_float(static_cast<uint32_t>(lo) << 16);
-        out[2 * w + 1] = __uint_as_float(static_cast<uint32_t>(hi) << 16);
-      } else {
-        out[2 * w] = __half2float(__ushort_as_half(lo));
-        out[2 * w + 1] = __half2float(__ushort_as_half(hi));
-      }
+      bits[2 * w] = words[w] & 0xffffu;
+      bits[2 * w + 1] = words[w] >> 16;
     }
-    return;
   }
 #pragma unroll
   for (int c = 0; c < kStatsColumnsPerThread; ++c) {
-    float value = 0.0f;
-    if (c < valid) {
-      if (dtype == ZF_DTYPE_F32) {
-        value = static_cast<const float*>(base)[offset + c];
-      } else {
-        const uint16_t bits = static_cast<const uint16_t*>(base)[offset + c];
-        value = dtype == ZF_DTYPE_BF16 ? __uint_as_float(static_cast<uint32_t>(bits) << 16)
-                                       : __half2float(__ushort_as_half(bits));
-      }
+    const double wide = raw_to_float<kDtype>(bits[c]);
+    sums[c] = fma(wide, wide, sums[c]);
+  }
+}
+
+// Rows one warp keeps in flight, 64 bytes per lane for every dtype: their raw loads are
+// all issued before the first square.
+template <int32_t kDtype>
+constexpr int kStatsRowsInFlight = RawEight<kDtype>::kWide ? 2 : 4;
+
+// One lane's eight columns over the rows row_begin + warp, + kStatsWarps, ... < row_end, in
+// row order (the order, hence the sums, do not depend on the unrolling).
+template <int32_t kDtype>
+__device__ __forceinline__ void accumulate_rows(const void* base, int64_t cols, int64_t first_column, int64_t row_begin,
+                                                int64_t row_end, bool vector, int32_t valid,
+                                                double sums[kStatsColumnsPerThread]) {
+  constexpr int kInFlight = kStatsRowsInFlight<kDtype>;
+  int64_t row = row_begin;
+  for (; row + (kInFlight - 1) * kStatsWarps < row_end; row += int64_t{kInFlight} * kStatsWarps) {
+    RawEight<kDtype> raw[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int64_t offset = (row + i * kStatsWarps) * cols + first_column;
+      raw[i] = vector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
     }
-    out[c] = value;
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) accumulate_squares<kDtype>(raw[i], sums);
+  }
+  for (; row < row_end; row += kStatsWarps) {
+    const int64_t offset = row * cols + first_column;
+    const RawEight<kDtype> raw =
+        vector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
+    accumulate_squares<kDtype>(raw, sums);
   }
 }
 
@@ -123,15 +193,15 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
 #pragma unroll
   for (int c = 0; c < kStatsColumnsPerThread; ++c) sums[c] = 0.0;
   if (valid > 0) {
+    // The dtype is uniform over the block: one branch here, none per element.
     const bool vector = mat.vector_loads != 0 && valid == kStatsColumnsPerThread;
-    for (int64_t row = row_begin + warp; row < row_end; row += kStatsWarps) {
-      float values[kStatsColumnsPerThread];
-      load_eight_as_float(mat.data, mat.dtype, row * mat.cols + first_column, vector, valid, values);
-#pragma unroll
-      for (int c = 0; c < kStatsColumnsPerThread; ++c) {
-        const double wide = values[c];
-        sums[c] = fma(wide, wide, sums[c]);
-      }
+    const int64_t first_row = row_begin + warp;
+    if (mat.dtype == ZF_DTYPE_F32) {
+      accumulate_rows<ZF_DTYPE_F32>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
+    } else if (mat.dtype == ZF_DTYPE_BF16) {
+      accumulate_rows<ZF_DTYPE_BF16>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
+    } else {
+      accumulate_rows<ZF_DTYPE_F16>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
     }
   }
 #pragma unroll
@@ -143,9 +213,9 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
 #pragma unroll
   for (int w = 0; w < kStatsWarps; ++w) column_sum += warp_sums[w][threadIdx.x];
   const int64_t global_block = mat.first_block + column_block;
-  float* partials =
+  double* partials =
       ws.chunk_partials + (mat.first_tile + static_cast<int64_t>(column_block) * mat.chunks) * kStatsBlockColumns;
-  partials[static_cast<int64_t>(chunk) * kStatsBlockColumns + threadIdx.x] = static_cast<float>(column_sum);
+  partials[static_cast<int64_t>(chunk) * kStatsBlockColumns + threadIdx.x] = column_sum;
 
   __threadfence();
   __syncthreads();
@@ -158,7 +228,7 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
   // Last chunk of this column block: fold the chunks in chunk order.
   double column_total = 0.0;
   for (int32_t c = 0; c < mat.chunks; ++c) {
-    column_total += static_cast<double>(__ldcg(partials + static_cast<int64_t>(c) * kStatsBlockColumns + threadIdx.x));
+    column_total += __ldcg(partials + static_cast<int64_t>(c) * kStatsBlockColumns + threadIdx.x);
   }
   const int32_t column = column_block * kStatsBlockColumns + threadIdx.x;
   if (column < mat.cols) {
@@ -188,8 +258,8 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
   const double total = BlockReduce(reduce_storage).Sum(strided);
   if (threadIdx.x == 0) {
     *ws.total_sq = static_cast<float>(total);
-    // Squares of finite values cannot overflow fp64: a non-finite total means a
-    // non-finite input (the host implementation uses the same rule).
+    // Exact rule (no fp64 sum of finite squares overflows): non-finite total <=> some
+    // non-finite input, the host's definition of the flag.
     *ws.nonfinite = isfinite(total) ? 0 : 1;
   }
 }

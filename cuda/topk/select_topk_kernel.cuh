@@ -2,11 +2,11 @@
 // block per score vector.
 //
 // Algorithm: scores map to 32-bit keys that order like the floats (-0 folded into +0), a
-// 4-pass radix select (8 bits per pass, shared-memory histogram) finds the key T of the
-// k-th best score and how many scores equal to T are still to take, then one pass in
-// index order picks every key > T and the first `remaining` keys == T (the lower index
-// wins a tie) and writes their indices through a block-wide prefix sum, so the output is
-// ascending without a sort. Every step depends on the data only, never on timing: the
+// 4-pass radix select (8 bits per pass, warp-aggregated shared-memory histogram) finds the
+// key T of the k-th best score and how many scores equal to T are still to take, then one
+// pass in index order picks every key > T and the first `remaining` keys == T (the lower
+// index wins a tie) and writes their indices through a block-wide prefix sum, so the
+// output is ascending without a sort. Every step depends on the data only, never on timing: the
 // result is deterministic and equal to the host's (the total order is the same).
 #pragma once
 
@@ -19,6 +19,7 @@ namespace cuda {
 constexpr int kTopkThreads = 256;  // also the number of histogram bins
 constexpr int kTopkItemsPerThread = 4;
 constexpr int kTopkMaxSegmentsPerLaunch = 1024;  // by-value table of 24 KiB (limit: 32 KiB)
+constexpr uint32_t kNoDigit = 0xffffffffu;       // a lane with no key in the histogram
 
 struct TopkSegment {
   const float* scores;
@@ -74,9 +75,20 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const TopkLau
   for (int shift = 24; shift >= 0; shift -= 8) {
     histogram[tid] = 0;
     __syncthreads();
-    for (int32_t j = tid; j < seg.n; j += kTopkThreads) {
-      const uint32_t key = score_key(__ldg(scores + j));
-      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 0xffu], 1);
+    // Warp-aggregated: the lanes with the same digit add their count once, from the
+    // lowest of them. Column scores are mostly positive floats of a few binades, so in the
+    // first pass nearly every key has the same top digit; one shared atomic per lane would
+    // serialise the whole block on that bin. The base is uniform, so every lane reaches
+    // the match together; lanes past the end or off the prefix carry no digit.
+    for (int32_t base = 0; base < seg.n; base += kTopkThreads) {
+      const int32_t j = base + tid;
+      uint32_t digit = kNoDigit;
+      if (j < seg.n) {
+        const uint32_t key = score_key(__ldg(scores + j));
+        if ((key & mask) == prefix) digit = (key >> shift) & 0xffu;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (digit != kNoDigit && (tid % 32) == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
     }
     __syncthreads();
     // Thread t looks at digit 255 - t: the inclusive sum counts the keys with that digit or

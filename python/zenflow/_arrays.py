@@ -74,13 +74,50 @@ def current_stream(like: Any, stream: int | None) -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
-def workspace(like: Any, nbytes: int) -> Any:
-    """Scratch memory for the query-then-run protocol, from the framework's allocator."""
+def _is_current(like: Any, stream: int) -> bool:
+    if family(like) == "torch":
+        torch = importlib.import_module("torch")
+        return torch.cuda.current_stream(like.device).cuda_stream == stream
+    cupy = importlib.import_module("cupy")
+    return cupy.cuda.get_current_stream().ptr == stream
+
+
+def empty_on_stream(
+    like: Any, shape: Sequence[int], dtype: str, stream: int, name: str = "array"
+) -> Any:
+    """`empty`, with the memory taken from the caching allocator's pool of `stream` (the
+    stream whose kernel uses it), as if allocated under `with torch.cuda.stream(...)`.
+
+    torch and cupy hand a freed block back to the stream it was allocated on, for that
+    stream's later work only. A block allocated on the current stream but used by a kernel
+    on another one could be reused while that kernel still runs once the Python object is
+    dropped (a workspace is dropped when the call returns); one from the kernel's own stream
+    cannot: its next user is ordered after the kernel.
+    """
+    if not is_cuda(like) or _is_current(like, stream):
+        return empty(like, shape, dtype, name)
+    if family(like) == "torch":
+        torch = importlib.import_module("torch")
+        side = torch.cuda.ExternalStream(stream, device=like.device)
+        with torch.cuda.stream(side):
+            return empty(like, shape, dtype, name)
+    cupy = importlib.import_module("cupy")
+    with cupy.cuda.Device(like.device.id), cupy.cuda.ExternalStream(stream, like.device.id):
+        return empty(like, shape, dtype, name)
+
+
+def workspace(like: Any, nbytes: int, stream: int | None = None) -> Any:
+    """Scratch memory for the query-then-run protocol, from the framework's allocator, on
+    the pool of `stream` (the stream the kernels run on; None: the current one)."""
     if nbytes == 0:
         return None
-    return empty(like, ((nbytes + 7) // 8,), "int64")
+    shape = ((nbytes + 7) // 8,)
+    if stream is None:
+        return empty(like, shape, "int64")
+    return empty_on_stream(like, shape, "int64", stream, "workspace")
 
 
-def workspace_allocator(like: Any) -> Any:
-    """The callable the native layer asks for scratch memory (CUDA calls only)."""
-    return lambda nbytes: workspace(like, nbytes)
+def workspace_allocator(like: Any, stream: int | None = None) -> Any:
+    """The callable the native layer asks for scratch memory (CUDA calls only); `stream`:
+    the handle the call runs on (see empty_on_stream for why it matters)."""
+    return lambda nbytes: workspace(like, nbytes, stream)

@@ -111,6 +111,56 @@ TEST(ColumnStats, FlagsNonFiniteAndPropagates) {
   }
 }
 
+// Finite values near 1e18 and above: their squares overflow fp32 sums (within the host's
+// 8-row blocks, and the fp32 outputs), never fp64 ones. The flag follows the elements, so
+// it stays clear, as on the device (which sums in fp64 throughout); a single Inf or NaN
+// among them still sets it. Sums compare with float64 rounded once to fp32 (+Inf when
+// beyond the fp32 range).
+TEST(ColumnStats, LargeFiniteValuesLeaveTheFlagClear) {
+  std::mt19937_64 rng(17);
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    for (zf_dtype dtype : {ZF_DTYPE_F32, ZF_DTYPE_BF16}) {  // f16 cannot hold 1e18
+      for (float large : {1e18f, 1.2e18f, 3e19f, 3e38f}) {
+        // 2053 rows: whole 8-row blocks plus a tail; 19 columns: SIMD lanes plus a scalar tail.
+        std::vector<HostMatrix> matrices{zf_test::random_matrix(dtype, 2053, 19, rng),
+                                         zf_test::random_matrix(dtype, 5, 3, rng)};
+        HostMatrix& m = matrices[0];
+        for (int64_t r = 0; r < m.rows; ++r) {
+          for (int64_t j = 0; j < 12; ++j) m.set(r * m.cols + j, (r + j) % 3 == 0 ? -large : large);
+        }
+        m.set(7 * m.cols + 17, large);  // one large value in the scalar tail
+        const Stats stats = run_column_stats(matrices);
+        EXPECT_EQ(stats.nonfinite, 0) << zf_simd_level_name(level) << " dtype " << dtype << " value " << large;
+        double total = 0.0;
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          const HostMatrix& mi = matrices[i];
+          for (int64_t j = 0; j < mi.cols; ++j) {
+            double expected = 0.0;
+            for (int64_t r = 0; r < mi.rows; ++r) expected += mi.values[r * mi.cols + j] * mi.values[r * mi.cols + j];
+            total += expected;
+            const float rounded = static_cast<float>(expected);
+            const float got = stats.col_sq[i][static_cast<size_t>(j)];
+            if (std::isinf(rounded)) {
+              EXPECT_EQ(got, rounded) << "matrix " << i << " column " << j << " value " << large;
+            } else {
+              EXPECT_LE(std::fabs(got - expected), 1e-6 * expected) << "matrix " << i << " column " << j;
+            }
+          }
+        }
+        EXPECT_EQ(stats.total, static_cast<float>(total));  // beyond fp32: +Inf on both sides
+        ASSERT_TRUE(std::isinf(stats.total));
+
+        for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+          std::vector<HostMatrix> with_bad = matrices;
+          with_bad[1].set(4 * 3 + 2, bad);  // last element of the last matrix
+          EXPECT_EQ(run_column_stats(with_bad).nonfinite, 1) << "value " << large << " with " << bad;
+        }
+      }
+    }
+  }
+}
+
 TEST(ColumnStats, AccumulateAddsIntoExistingScores) {
   std::mt19937_64 rng(8);
   std::vector<HostMatrix> matrices{zf_test::random_matrix(ZF_DTYPE_F32, 20, 37, rng)};

@@ -1,6 +1,7 @@
 // zf_column_stats: validation, the host plan, and dispatch to CUDA.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,28 @@
 #include "zenflow/norms.h"
 
 namespace zf {
+namespace {
+
+// True when some element of a row-major [rows, cols] matrix is Inf or NaN (its exponent
+// bits all set), read from the bits: no arithmetic that could overflow.
+bool has_nonfinite_element(const void* data, const ColumnStatsMatrix& m) {
+  const int64_t count = m.rows * m.cols;
+  if (m.dtype == ZF_DTYPE_F32) {
+    const auto* bits = static_cast<const uint32_t*>(data);
+    for (int64_t i = 0; i < count; ++i) {
+      if ((bits[i] & 0x7f800000u) == 0x7f800000u) return true;
+    }
+    return false;
+  }
+  const uint16_t exponent = m.dtype == ZF_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+  const auto* bits = static_cast<const uint16_t*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    if ((bits[i] & exponent) == exponent) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 ColumnStatsPlan::ColumnStatsPlan(std::vector<ColumnStatsMatrix> matrices) : matrices_(std::move(matrices)) {
   sum_offsets_.assign(matrices_.size() + 1, 0);
@@ -90,9 +113,19 @@ void ColumnStatsPlan::run(ThreadPool& pool, const void* const* grads, float* con
       out[j] = static_cast<float>(value);
     }
   }
-  // Squares of finite fp32 values cannot overflow fp64 in any realistic sum, so a
-  // non-finite fp64 total means a non-finite input element.
-  *nonfinite = std::isfinite(total) ? 0 : 1;
+  // The flag means "some input element is Inf or NaN", on the host and on the device. A
+  // finite total proves there is none. A non-finite one usually means there is one, but
+  // squares are summed in fp32 within blocks of rows here, so large finite values (above
+  // about 1e18) can overflow a block: then the inputs themselves decide (a second read,
+  // only on this rare path).
+  bool any_nonfinite = !std::isfinite(total);
+  if (any_nonfinite) {
+    any_nonfinite = false;
+    for (size_t i = 0; i < matrices_.size() && !any_nonfinite; ++i) {
+      any_nonfinite = has_nonfinite_element(grads[i], matrices_[i]);
+    }
+  }
+  *nonfinite = any_nonfinite ? 1 : 0;
   *total_sq = static_cast<float>(total);
 }
 

@@ -5,7 +5,10 @@ Every op takes torch tensors, numpy arrays or cupy arrays (torch directly, other
 DLPack or the array interface) and returns results of the same kind on the same device.
 Each tensor is converted once per call. CPU arrays run the host implementation (SIMD,
 multithreaded); CUDA arrays run the CUDA kernels on the current stream of their framework
-(or on `stream`, a raw cudaStream_t handle). Bad input raises ValueError or TypeError
+(or on `stream`, a raw cudaStream_t handle). The arrays an op allocates (outputs, scratch
+workspace) come from the pool of the stream its kernels run on, as if allocated under
+`with torch.cuda.stream(...)`: scratch memory freed at return is never reused before the
+kernels finish; results passed to another stream need the framework's record_stream. Bad input raises ValueError or TypeError
 naming the argument, and writes nothing. Every torch tensor an op writes has its autograd
 version counter bumped, as torch's own in-place ops do.
 """

@@ -17,7 +17,9 @@ class ColumnStats(NamedTuple):
 
     col_sq: one float32 vector [n] per gradient, c[j] = sum_i g[i, j]^2.
     total_sq: float32 scalar array, the sum of every c (the squared global norm).
-    nonfinite: int32 scalar array, 1 if any gradient element is Inf or NaN.
+    nonfinite: int32 scalar array, 1 if any gradient element is Inf or NaN (the same on
+    the host and the device for every input; finite values too large for an fp32 sum
+    give an Inf sum, not the flag).
     """
 
     col_sq: list
@@ -37,9 +39,9 @@ def column_stats(
 
     out_col_sq: optional float32 [n] outputs, one per gradient (allocated if None).
     accumulate: add into out_col_sq instead of overwriting it.
-    Sums are accumulated in fp64 (fp32 within blocks of 8 rows on the host) and rounded once
-    to fp32: relative error below 1e-6. On the host they are bitwise identical for every
-    thread count and SIMD level.
+    Squares are summed in fp64 and rounded once to fp32 (on the host, fp32 within blocks of
+    8 rows first): relative error below 1e-6. On the host they are bitwise identical for
+    every thread count and SIMD level; on the device, for every run.
     """
     grads = as_list("grads", grads)
     accumulate = flag("accumulate", accumulate)
@@ -50,6 +52,8 @@ def column_stats(
     anchor = grads[0] if grads else (out_col_sq[0] if out_col_sq else None)
     if anchor is None:
         raise ValueError("grads: empty list (no array to take the device from)")
+    _arrays.family(anchor, "grads[0]")
+    handle = _arrays.current_stream(anchor, stream)
     if out_col_sq is None:
         out_col_sq = []
         for i, g in enumerate(grads):
@@ -58,17 +62,16 @@ def column_stats(
             shape = g.shape
             if len(shape) != 2:
                 raise ValueError(f"{name}: expected a 2-D tensor, got shape {list(shape)}")
-            out_col_sq.append(_arrays.empty(g, (int(shape[1]),), "float32", name))
-    _arrays.family(anchor, "grads[0]")
-    total_sq = _arrays.empty(anchor, (), "float32")
-    nonfinite = _arrays.empty(anchor, (), "int32")
+            out_col_sq.append(_arrays.empty_on_stream(g, (int(shape[1]),), "float32", handle, name))
+    total_sq = _arrays.empty_on_stream(anchor, (), "float32", handle)
+    nonfinite = _arrays.empty_on_stream(anchor, (), "int32", handle)
     native().column_stats(
         grads,
         out_col_sq,
         total_sq,
         nonfinite,
         accumulate,
-        _arrays.workspace_allocator(anchor),
-        _arrays.current_stream(anchor, stream),
+        _arrays.workspace_allocator(anchor, handle),
+        handle,
     )
     return ColumnStats(list(out_col_sq), total_sq, nonfinite)

@@ -74,13 +74,14 @@ def pack_columns(
         anchor = grads[0]
         _arrays.family(anchor, "grads[0]")
         name = _arrays.check_dtype(dtype or _arrays.dtype_name(anchor), "dtype", _PACKED_DTYPES)
-
-        def allocate(total: int) -> Any:
-            return _arrays.empty(anchor, (total,), name)
-
     elif dtype is not None:
         raise ValueError("dtype: give either out= or dtype=, not both")
     handle = _arrays.current_stream(out if out is not None else grads[0], stream)
+    if out is None:
+
+        def allocate(total: int) -> Any:
+            return _arrays.empty_on_stream(anchor, (total,), name, handle)
+
     return native().pack_columns(grads, selected, out, allocate, scale, handle)
 
 
@@ -127,8 +128,8 @@ def exchange_selected_columns(
     """
     old_selected = as_list("old_selected", old_selected)
     anchor = old_selected[0] if old_selected else None
-    allocate = None if anchor is None else _arrays.workspace_allocator(anchor)
     handle = 0 if anchor is None else _arrays.current_stream(anchor, stream)
+    allocate = None if anchor is None else _arrays.workspace_allocator(anchor, handle)
     if entering_counts is None and leaving_counts is None:
         native().exchange_selected_columns(
             old_selected, new_selected, old_state, new_state, entering, leaving, allocate, handle

@@ -51,9 +51,13 @@ def select_topk_columns(
     for i, kk in enumerate(ks):
         if kk < 0:
             raise ValueError(f"k: {kk} is negative for col_sq[{i}]")
+    handle = 0
+    if col_sq:
+        _arrays.family(col_sq[0], "col_sq[0]")
+        handle = _arrays.current_stream(col_sq[0], stream)
     if out_indices is None:
         out_indices = [
-            _arrays.empty(s, (kk,), "int32", f"col_sq[{i}]")
+            _arrays.empty_on_stream(s, (kk,), "int32", handle, f"col_sq[{i}]")
             for i, (s, kk) in enumerate(zip(col_sq, ks))
         ]
     else:
@@ -66,7 +70,7 @@ def select_topk_columns(
         col_sq,
         out_indices,
         ks,
-        _arrays.workspace_allocator(anchor),
-        _arrays.current_stream(anchor, stream),
+        _arrays.workspace_allocator(anchor, handle),
+        handle,
     )
     return list(out_indices)
