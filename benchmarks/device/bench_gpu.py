@@ -2,11 +2,14 @@
 
 Shapes: a 7B-class transformer (32 layers of q, k, v, o [4096, 4096], gate and up
 [11008, 4096], down [4096, 11008]), bf16, k = 10% of the columns of every matrix.
+--lm-head adds the [128256, 4096] output projection (Llama-3 vocabulary), --dtype float16
+takes fp16 gradients and parameters, --ratio 0.01 keeps 1% of the columns.
 Bandwidth is counted in the 32-byte sectors each kernel must touch (docs/design.md section 5)
 and compared with a device-to-device copy measured here. Prints one table; with --out
 also writes it (markdown) there.
 
-    python benchmarks/device/bench_gpu.py [--layers 32] [--reps 10] [--out FILE]
+    python benchmarks/device/bench_gpu.py [--layers 32] [--reps 10] [--ratio 0.1]
+        [--dtype bfloat16|float16] [--lm-head] [--out FILE]
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--ratio", type=float, default=0.1)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--lm-head", action="store_true", help="add a [128256, 4096] matrix")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     assert zenflow.cuda_available(), "needs a GPU"
@@ -63,8 +68,11 @@ def main() -> None:
     torch.manual_seed(0)
     h, f = 4096, 11008
     shapes = ([(h, h)] * 4 + [(f, h)] * 2 + [(h, f)]) * args.layers
-    grads = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for m, n in shapes]
-    params = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for m, n in shapes]
+    if args.lm_head:
+        shapes.append((128256, h))
+    dtype = getattr(torch, args.dtype)
+    grads = [torch.randn(m, n, device=dev, dtype=dtype) for m, n in shapes]
+    params = [torch.randn(m, n, device=dev, dtype=dtype) for m, n in shapes]
     ks = [ops.topk_count(n, args.ratio) for _, n in shapes]
     grad_bytes = sum(g.numel() * 2 for g in grads)
 
@@ -161,7 +169,8 @@ def main() -> None:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = [
         f"# zenflow GPU kernels, {stamp}, {torch.cuda.get_device_name()}, torch {torch.__version__}",
-        f"{args.layers} layers, bf16, k = {args.ratio:.0%}; D2D copy {copy_bw:.0f} GB/s; medians of {args.reps}",
+        f"{args.layers} layers{' + lm_head [128256, 4096]' if args.lm_head else ''}, {args.dtype},"
+        f" k = {args.ratio:.0%}; D2D copy {copy_bw:.0f} GB/s; medians of {args.reps}",
         "",
         "| kernel | ours ms | peer | peer ms | speedup | GB touched | GB/s | of copy BW | target |",
         "|---|---|---|---|---|---|---|---|---|",

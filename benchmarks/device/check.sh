@@ -2,7 +2,9 @@
 # The GPU check of zenflow (benchmarks/device/README.md): builds from source on the GPU
 # machine, runs the C++ tests, the GPU pytest tests, the CPU kernel tests again with
 # ZENFLOW_SIMD=avx512, the GPU tests once under compute-sanitizer memcheck (small sizes),
-# then the GPU benchmark. Offline; about 5 minutes on one H200 with 16 cores, hard cap 8.
+# the stats/top-k/pack/exchange GPU tests under racecheck, synccheck and initcheck (small
+# sizes, a few tests each), then the GPU benchmark at the 7B shapes (bf16, k = 10%) and at
+# lm_head + fp16 + k = 1%. Offline; about 6 minutes on one H200 with 16 cores, hard cap 8.
 #
 #   bash benchmarks/device/check.sh          # results and log under $OUT (or benchmarks/results)
 #
@@ -80,13 +82,29 @@ if [[ -x $SANITIZER ]]; then
   run "compute-sanitizer memcheck (small)" 150 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
     "$SANITIZER" --tool memcheck --error-exitcode 1 --target-processes all \
     "$PYTHON" -m pytest -q -x -m gpu -k "not graph and not cupy" "$ROOT/tests/python/test_gpu_kernels.py"
+  # The shared-memory / barrier / uninitialised-read tools on the kernels that use shared
+  # memory and tickets, through the smallest tests that reach every path (multi-launch
+  # lists, scalar and vector loads); racecheck is the slowest, so it sees the fewest.
+  SMALL_TESTS="$ROOT/tests/python/test_gpu_hazards.py"
+  run "compute-sanitizer racecheck (small)" 60 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 1 --target-processes all \
+    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches" "$SMALL_TESTS"
+  run "compute-sanitizer synccheck (small)" 45 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --tool synccheck --error-exitcode 1 --target-processes all \
+    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches or bitwise" "$SMALL_TESTS"
+  run "compute-sanitizer initcheck (small)" 45 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --tool initcheck --error-exitcode 1 --target-processes all \
+    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches or bitwise" "$SMALL_TESTS"
 else
   say "compute-sanitizer not found"
   FAILED+=("compute-sanitizer (not found)")
 fi
 
-run "benchmark" 150 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --out "$OUT/$STAMP-gpu-kernels.md"
+run "benchmark" 120 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --out "$OUT/$STAMP-gpu-kernels.md"
 [[ -f $OUT/$STAMP-gpu-kernels.md ]] && cat "$OUT/$STAMP-gpu-kernels.md"
+run "benchmark lm_head fp16 1%" 60 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --layers 2 --lm-head \
+  --dtype float16 --ratio 0.01 --reps 5 --out "$OUT/$STAMP-gpu-kernels-lm-head-fp16.md"
+[[ -f $OUT/$STAMP-gpu-kernels-lm-head-fp16.md ]] && cat "$OUT/$STAMP-gpu-kernels-lm-head-fp16.md"
 
 say "done in $((SECONDS - START)) s"
 if ((${#FAILED[@]})); then
