@@ -6,7 +6,10 @@
 // tiles through shared memory, so that the matrix side is read/written along rows (lanes
 // over columns: the sectors holding them) and the packed side along columns (lanes over
 // rows: contiguous runs). Lane l finds its matrix column once with unselected_column()
-// (cpp/src/common/column_index.hpp, shared with the host twin).
+// (cpp/src/common/column_index.hpp, shared with the host twin). Pack reads the matrix side
+// as 16-byte vectors of the row spans its columns cover (several rows per warp load) and
+// picks its columns out of shared memory; the conversion is the scalar one, so the packed
+// values are the same bits either way.
 #pragma once
 
 #include <cstdint>
@@ -58,9 +61,12 @@ __device__ __forceinline__ int find_entry(const Entry* entries, int count, int64
 }
 
 // kToPacked: pack; otherwise scatter. A template parameter so each loop body is branch-free.
+// At least 3 blocks per SM: caps registers at 80 (pack's vector path holds four 16-byte
+// loads per lane), 24 warps per SM.
 template <bool kToPacked>
-__global__ void __launch_bounds__(kPackThreads) pack_columns_kernel(const PackLaunchTable table) {
-  __shared__ float tile[kPackTile][kPackTile + 1];  // +1: column reads hit 32 banks
+__global__ void __launch_bounds__(kPackThreads, 3) pack_columns_kernel(const PackLaunchTable table) {
+  __shared__ float tile[kPackTile][kPackTile + 1];                // +1: column reads hit 32 banks
+  __shared__ uint4 staged[kToPacked ? kPackTile : 1][kPackTile];  // raw row spans (pack's vector path)
   const PackMatrix mat = table.matrices[find_entry(table.matrices, table.count, blockIdx.x)];
   const int64_t local = static_cast<int64_t>(blockIdx.x) - mat.first_tile;
   const int64_t column_tile = local / mat.row_chunks;
@@ -79,15 +85,104 @@ __global__ void __launch_bounds__(kPackThreads) pack_columns_kernel(const PackLa
   const int64_t row_begin = chunk * kPackChunkRows;
   const int64_t row_end = min(mat.rows, row_begin + kPackChunkRows);
 
+  // Pack reads the matrix side through the vector path when it can: the block's columns
+  // span at most 32 16-byte vectors of each row, and rows start 16-byte aligned. It is
+  // uniform over the block (every warp computes the same columns).
+  int64_t span_first_vector = 0;
+  int span_vectors = 0;  // 0: scalar path
+  if (kToPacked) {
+    const int64_t element_bytes = mat.dtype == ZF_DTYPE_F32 ? 4 : 2;
+    const int64_t per_vector = 16 / element_bytes;
+    const bool aligned =
+        reinterpret_cast<uintptr_t>(mat.matrix) % 16 == 0 && (static_cast<int64_t>(mat.cols) * element_bytes) % 16 == 0;
+    unsigned lowest = column >= 0 ? static_cast<unsigned>(column) : 0xffffffffu;
+    unsigned highest = column >= 0 ? static_cast<unsigned>(column) : 0u;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {  // butterfly: every lane ends with both
+      lowest = min(lowest, __shfl_xor_sync(0xffffffffu, lowest, offset));
+      highest = max(highest, __shfl_xor_sync(0xffffffffu, highest, offset));
+    }
+    if (aligned && lowest != 0xffffffffu) {
+      span_first_vector = lowest / per_vector;
+      const int64_t vectors = highest / per_vector - span_first_vector + 1;
+      if (vectors <= kPackTile) span_vectors = static_cast<int>(vectors);
+    }
+  }
+
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPackTile) {
-    if (kToPacked) {
+    if (kToPacked && span_vectors > 0) {
+      // Warp w owns tile rows 4w .. 4w+3. Lanes cover the row spans as 16-byte vectors,
+      // several rows per load when the span is short (8 lanes per row for up to 8 vectors:
+      // 4 rows, 512 bytes per warp load), all loads issued before any is used; the raw
+      // rows go to shared memory and each lane then picks its own column out of them.
+      constexpr int kWarpRows = kPackTile / kPackRowWarps;  // 4
+      const int lanes_per_row = span_vectors <= 8 ? 8 : (span_vectors <= 16 ? 16 : 32);
+      const int rows_per_load = kPackTile / lanes_per_row;  // 4, 2 or 1
+      const int lane_row = lane / lanes_per_row, lane_vector = lane % lanes_per_row;
+      const auto* matrix_vectors = static_cast<const uint4*>(mat.matrix);
+      const int64_t row_vectors = static_cast<int64_t>(mat.cols) * (mat.dtype == ZF_DTYPE_F32 ? 4 : 2) / 16;
+      uint4 raw[kWarpRows];
+#pragma unroll
+      for (int i = 0; i < kWarpRows; ++i) {
+        raw[i] = make_uint4(0u, 0u, 0u, 0u);
+        const int row = warp * kWarpRows + i * rows_per_load + lane_row;
+        if (i * rows_per_load < kWarpRows && lane_vector < span_vectors && r0 + row < row_end) {
+          raw[i] = __ldg(matrix_vectors + (r0 + row) * row_vectors + span_first_vector + lane_vector);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kWarpRows; ++i) {
+        const int row = warp * kWarpRows + i * rows_per_load + lane_row;
+        if (i * rows_per_load < kWarpRows && lane_vector < span_vectors) staged[row][lane_vector] = raw[i];
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kWarpRows; ++i) {
+        const int row = warp * kWarpRows + i;
+        float value = 0.0f;
+        if (r0 + row < row_end && column >= 0) {
+          const void* staged_row = staged[row];
+          const int64_t position = column - span_first_vector * (mat.dtype == ZF_DTYPE_F32 ? 4 : 8);
+          value = load_as_float(staged_row, mat.dtype, position) * scale;  // the scalar path's conversion
+        }
+        tile[row][lane] = value;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int j = warp + i * kPackRowWarps;
+        const int64_t r = r0 + lane;
+        if (first + j < unselected && r < row_end) {
+          store_from_float(table.packed, table.packed_dtype, packed_index(mat.packed_offset, mat.rows, first + j, r),
+                           tile[lane][j]);
+        }
+      }
+    } else if (kToPacked) {
+      // Scalar path (unaligned rows, or selected columns spreading the block's columns over
+      // more than 32 vectors): the raw elements of this warp's rows first, then the
+      // conversions.
+      uint32_t bits[kPackTile / kPackRowWarps];
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int64_t r = r0 + warp + i * kPackRowWarps;
+        bits[i] = 0u;
+        if (r < row_end && column >= 0) {
+          const int64_t index = row_major_index(mat.cols, r, column);
+          bits[i] = mat.dtype == ZF_DTYPE_F32 ? __ldg(static_cast<const unsigned*>(mat.matrix) + index)
+                                              : __ldg(static_cast<const unsigned short*>(mat.matrix) + index);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
         const int row = warp + i * kPackRowWarps;
-        const int64_t r = r0 + row;
         float value = 0.0f;
-        if (r < row_end && column >= 0) {
-          value = load_as_float(mat.matrix, mat.dtype, row_major_index(mat.cols, r, column)) * scale;
+        if (r0 + row < row_end && column >= 0) {
+          if (mat.dtype == ZF_DTYPE_F32) {
+            value = __uint_as_float(bits[i]) * scale;
+          } else {
+            const uint16_t half = static_cast<uint16_t>(bits[i]);
+            value = load_as_float(&half, mat.dtype, 0) * scale;
+          }
         }
         tile[row][lane] = value;
       }
