@@ -144,11 +144,12 @@ template <int32_t kDtype>
 constexpr int kStatsRowsInFlight = RawEight<kDtype>::kWide ? 2 : 4;
 
 // One lane's eight columns over the rows row_begin + warp, + kStatsWarps, ... < row_end, in
-// row order (the order, hence the sums, do not depend on the unrolling).
-template <int32_t kDtype>
+// row order (the order, hence the sums, do not depend on the unrolling). kVector: 16-byte
+// loads (aligned rows, eight valid columns), a template parameter so that the unrolled loop
+// body is straight-line loads, then conversions.
+template <int32_t kDtype, bool kVector>
 __device__ __forceinline__ void accumulate_rows(const void* base, int64_t cols, int64_t first_column, int64_t row_begin,
-                                                int64_t row_end, bool vector, int32_t valid,
-                                                double sums[kStatsColumnsPerThread]) {
+                                                int64_t row_end, int32_t valid, double sums[kStatsColumnsPerThread]) {
   constexpr int kInFlight = kStatsRowsInFlight<kDtype>;
   int64_t row = row_begin;
   for (; row + (kInFlight - 1) * kStatsWarps < row_end; row += int64_t{kInFlight} * kStatsWarps) {
@@ -156,7 +157,7 @@ __device__ __forceinline__ void accumulate_rows(const void* base, int64_t cols, 
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int64_t offset = (row + i * kStatsWarps) * cols + first_column;
-      raw[i] = vector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
+      raw[i] = kVector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) accumulate_squares<kDtype>(raw[i], sums);
@@ -164,7 +165,7 @@ __device__ __forceinline__ void accumulate_rows(const void* base, int64_t cols, 
   for (; row < row_end; row += kStatsWarps) {
     const int64_t offset = row * cols + first_column;
     const RawEight<kDtype> raw =
-        vector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
+        kVector ? load_raw_vector<kDtype>(base, offset) : load_raw_scalar<kDtype>(base, offset, valid);
     accumulate_squares<kDtype>(raw, sums);
   }
 }
@@ -193,15 +194,27 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
 #pragma unroll
   for (int c = 0; c < kStatsColumnsPerThread; ++c) sums[c] = 0.0;
   if (valid > 0) {
-    // The dtype is uniform over the block: one branch here, none per element.
+    // The dtype and the load width are uniform over a lane's rows: one branch here, none
+    // per element.
     const bool vector = mat.vector_loads != 0 && valid == kStatsColumnsPerThread;
     const int64_t first_row = row_begin + warp;
+    const void* data = mat.data;
     if (mat.dtype == ZF_DTYPE_F32) {
-      accumulate_rows<ZF_DTYPE_F32>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
+      if (vector) {
+        accumulate_rows<ZF_DTYPE_F32, true>(data, mat.cols, first_column, first_row, row_end, valid, sums);
+      } else {
+        accumulate_rows<ZF_DTYPE_F32, false>(data, mat.cols, first_column, first_row, row_end, valid, sums);
+      }
     } else if (mat.dtype == ZF_DTYPE_BF16) {
-      accumulate_rows<ZF_DTYPE_BF16>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
+      if (vector) {
+        accumulate_rows<ZF_DTYPE_BF16, true>(data, mat.cols, first_column, first_row, row_end, valid, sums);
+      } else {
+        accumulate_rows<ZF_DTYPE_BF16, false>(data, mat.cols, first_column, first_row, row_end, valid, sums);
+      }
+    } else if (vector) {
+      accumulate_rows<ZF_DTYPE_F16, true>(data, mat.cols, first_column, first_row, row_end, valid, sums);
     } else {
-      accumulate_rows<ZF_DTYPE_F16>(mat.data, mat.cols, first_column, first_row, row_end, vector, valid, sums);
+      accumulate_rows<ZF_DTYPE_F16, false>(data, mat.cols, first_column, first_row, row_end, valid, sums);
     }
   }
 #pragma unroll
