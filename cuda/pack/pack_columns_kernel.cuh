@@ -61,6 +61,31 @@ __device__ __forceinline__ int find_entry(const Entry* entries, int count, int64
 }
 
 // kToPacked: pack; otherwise scatter. A template parameter so each loop body is branch-free.
+// Pack's vector path: warp w owns tile rows 4w .. 4w+3 and reads the 16-byte vectors of
+// their row spans, several rows per load when the span is short (8 lanes per row for up to
+// 8 vectors: 4 rows and up to 512 bytes per warp load; 16 lanes: 2 rows; 32 lanes: 1 row).
+constexpr int kSpanRows = kPackTile / kPackRowWarps;  // 4
+struct SpanLoad {
+  const uint4* matrix;  // the matrix from its first row's first span vector
+  int64_t row_vectors;  // 16-byte vectors per matrix row
+  int vectors;          // span vectors per row (1 .. 32)
+  int lanes_per_row, rows_per_load, lane_row, lane_vector;
+};
+
+// raw[i] = this lane's vector of tile row 4w + i * rows_per_load + lane_row (zero where the
+// lane has none); every load is issued before any is used.
+__device__ __forceinline__ void load_span_rows(const SpanLoad& span, int64_t r0, int64_t row_end, int warp,
+                                               uint4 raw[kSpanRows]) {
+#pragma unroll
+  for (int i = 0; i < kSpanRows; ++i) {
+    raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    const int64_t r = r0 + warp * kSpanRows + i * span.rows_per_load + span.lane_row;
+    if (i * span.rows_per_load < kSpanRows && span.lane_vector < span.vectors && r < row_end) {
+      raw[i] = __ldg(span.matrix + r * span.row_vectors + span.lane_vector);
+    }
+  }
+}
+
 // At least 3 blocks per SM: caps registers at 80 (pack's vector path holds four 16-byte
 // loads per lane), 24 warps per SM.
 template <bool kToPacked>
@@ -109,36 +134,36 @@ __global__ void __launch_bounds__(kPackThreads, 3) pack_columns_kernel(const Pac
     }
   }
 
+  SpanLoad span{};
+  uint4 raw[kSpanRows];
+  if (kToPacked && span_vectors > 0) {
+    span.lanes_per_row = span_vectors <= 8 ? 8 : (span_vectors <= 16 ? 16 : 32);
+    span.rows_per_load = kPackTile / span.lanes_per_row;
+    span.lane_row = lane / span.lanes_per_row;
+    span.lane_vector = lane % span.lanes_per_row;
+    span.vectors = span_vectors;
+    span.row_vectors = static_cast<int64_t>(mat.cols) * (mat.dtype == ZF_DTYPE_F32 ? 4 : 2) / 16;
+    span.matrix = static_cast<const uint4*>(mat.matrix) + span_first_vector;
+    load_span_rows(span, row_begin, row_end, warp, raw);
+  }
+
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPackTile) {
     if (kToPacked && span_vectors > 0) {
-      // Warp w owns tile rows 4w .. 4w+3. Lanes cover the row spans as 16-byte vectors,
-      // several rows per load when the span is short (8 lanes per row for up to 8 vectors:
-      // 4 rows, 512 bytes per warp load), all loads issued before any is used; the raw
-      // rows go to shared memory and each lane then picks its own column out of them.
-      constexpr int kWarpRows = kPackTile / kPackRowWarps;  // 4
-      const int lanes_per_row = span_vectors <= 8 ? 8 : (span_vectors <= 16 ? 16 : 32);
-      const int rows_per_load = kPackTile / lanes_per_row;  // 4, 2 or 1
-      const int lane_row = lane / lanes_per_row, lane_vector = lane % lanes_per_row;
-      const auto* matrix_vectors = static_cast<const uint4*>(mat.matrix);
-      const int64_t row_vectors = static_cast<int64_t>(mat.cols) * (mat.dtype == ZF_DTYPE_F32 ? 4 : 2) / 16;
-      uint4 raw[kWarpRows];
+      // The raw rows of this tile (loaded one tile ahead) go to shared memory; then the next
+      // tile's loads are issued, so they are in flight while this tile is compacted,
+      // transposed and stored. Each lane then picks its own column out of the staged rows.
 #pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) {
-        raw[i] = make_uint4(0u, 0u, 0u, 0u);
-        const int row = warp * kWarpRows + i * rows_per_load + lane_row;
-        if (i * rows_per_load < kWarpRows && lane_vector < span_vectors && r0 + row < row_end) {
-          raw[i] = __ldg(matrix_vectors + (r0 + row) * row_vectors + span_first_vector + lane_vector);
+      for (int i = 0; i < kSpanRows; ++i) {
+        const int row = warp * kSpanRows + i * span.rows_per_load + span.lane_row;
+        if (i * span.rows_per_load < kSpanRows && span.lane_vector < span_vectors) {
+          staged[row][span.lane_vector] = raw[i];
         }
       }
-#pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) {
-        const int row = warp * kWarpRows + i * rows_per_load + lane_row;
-        if (i * rows_per_load < kWarpRows && lane_vector < span_vectors) staged[row][lane_vector] = raw[i];
-      }
+      if (r0 + kPackTile < row_end) load_span_rows(span, r0 + kPackTile, row_end, warp, raw);
       __syncwarp();
 #pragma unroll
-      for (int i = 0; i < kWarpRows; ++i) {
-        const int row = warp * kWarpRows + i;
+      for (int i = 0; i < kSpanRows; ++i) {
+        const int row = warp * kSpanRows + i;
         float value = 0.0f;
         if (r0 + row < row_end && column >= 0) {
           const void* staged_row = staged[row];
