@@ -132,6 +132,40 @@ def _to(state):
     return ops.ColumnState(*(None if t is None else t.to(DEV) for t in state))
 
 
+# ---- pack's vector path: 16-byte row spans compacted in shared memory --------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pack_vector_path_equals_host_bit_for_bit(dtype):
+    """Aligned rows (n % 8 == 0) take the vector path; a long run of selected columns makes
+    some blocks' spans exceed 32 vectors (scalar path in the same launch); 700 rows give
+    several row chunks, several prefetched tiles and a partial last tile."""
+    gen = torch.Generator().manual_seed(29)
+    rows, cols = (90, 512) if SMALL else (700, 1024)
+    grad = torch.randn(rows, cols, generator=gen).to(dtype)
+    scattered = random_selection(cols, cols // 10, gen)
+    long_run = torch.arange(40, 40 + 300, dtype=torch.int32)  # 300 selected in a row
+    selections = [
+        scattered,
+        torch.unique(torch.cat([scattered, long_run])).to(torch.int32),
+        torch.empty(0, dtype=torch.int32),
+    ]
+    scale = torch.tensor([0.7])
+    for packed_dtype in ("float32", "bfloat16", "float16"):
+        host = ops.pack_columns([grad] * 3, selections, dtype=packed_dtype, scale=scale)
+        total = host.numel()
+        out = torch.full((total,), float("nan"), dtype=host.dtype, device=DEV)  # poisoned
+        dev = ops.pack_columns(
+            [grad.to(DEV)] * 3,
+            [s.to(DEV) for s in selections],
+            out=out,
+            scale=scale.to(DEV),
+        )
+        torch.cuda.synchronize()
+        assert torch.equal(dev.cpu(), host), packed_dtype
+        assert torch.equal(host, packed_reference([grad] * 3, selections, host.dtype, 0.7))
+
+
 # ---- a contiguous gradient whose base is 2 bytes off 16-byte alignment ------------------------
 
 
