@@ -38,11 +38,11 @@ void register_optim(py::module_& m) {
         if (!noop.is_none()) noop_desc = conv.tensor(noop, ArgName{"noop"}, Access::kRead);
         const zf_adam_hparams hparams{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
         conv.run([&] {
-          return zf_adamw_selected_columns(param_desc.data(), grad_desc.data(),
-                                           selected.is_none() ? nullptr : selected_desc.data(), states.data(), count,
-                                           lr_from_tensor ? nullptr : lr.data(), weight_decay.data(), lr_tensor.is_none() ? nullptr : &lr_desc,
-                                           &hparams, grad_scale.is_none() ? nullptr : &scale_desc,
-                                           noop.is_none() ? nullptr : &noop_desc, reinterpret_cast<zf_stream>(stream));
+          return zf_adamw_selected_columns(
+              param_desc.data(), grad_desc.data(), selected.is_none() ? nullptr : selected_desc.data(), states.data(),
+              count, lr_from_tensor ? nullptr : lr.data(), weight_decay.data(),
+              lr_tensor.is_none() ? nullptr : &lr_desc, &hparams, grad_scale.is_none() ? nullptr : &scale_desc,
+              noop.is_none() ? nullptr : &noop_desc, reinterpret_cast<zf_stream>(stream));
         });
       },
       py::arg("params"), py::arg("grads"), py::arg("selected"), py::arg("state"), py::arg("lr"),
