@@ -32,6 +32,7 @@ void adamw_selected_columns(const AdamwSelectedArgs& args, zf_stream stream) {
     mat.rows = view.rows;
     mat.cols = static_cast<int32_t>(view.cols);
     mat.k = static_cast<int32_t>(k);
+    mat.column_tiles = static_cast<int32_t>((k + kAdamwColumnsPerBlock - 1) / kAdamwColumnsPerBlock);
     mat.param_dtype = args.params[i].dtype;
     mat.grad_dtype = args.grads[i].dtype;
     mat.lr = args.lr ? args.lr[i] : 0.0;
@@ -45,10 +46,14 @@ void adamw_selected_columns(const AdamwSelectedArgs& args, zf_stream stream) {
   for_each_launch_batch(matrices.size(), kAdamwMaxMatricesPerLaunch, [&](size_t begin, size_t end) {
     AdamwLaunchTable table{};
     std::copy(matrices.begin() + begin, matrices.begin() + end, table.matrices);
-    const unsigned blocks = number_blocks(
-        table.matrices, end - begin, &AdamwMatrix::first_block,
-        [](const AdamwMatrix& m) { return (m.k + kAdamwColumnsPerBlock - 1) / kAdamwColumnsPerBlock; }, "params");
-    table.count = static_cast<int32_t>(end - begin);
+    const size_t count = end - begin;
+    const unsigned update_blocks = number_blocks(
+        table.matrices, count, &AdamwMatrix::first_block,
+        [](const AdamwMatrix& m) { return int64_t{m.column_tiles} * adamw_row_chunks(m.rows); }, "params");
+    const unsigned step_blocks = number_blocks(
+        table.matrices, count, &AdamwMatrix::first_step_block,
+        [](const AdamwMatrix& m) { return (int64_t{m.k} + kAdamwStepThreads - 1) / kAdamwStepThreads; }, "params");
+    table.count = static_cast<int32_t>(count);
     table.grad_scale = args.grad_scale;
     table.noop = args.noop;
     table.lr_device = args.lr_device;
@@ -56,8 +61,14 @@ void adamw_selected_columns(const AdamwSelectedArgs& args, zf_stream stream) {
     table.beta2 = args.hparams.beta2;
     table.eps = args.hparams.eps;
     table.decoupled = args.hparams.mode == ZF_ADAM_MODE_ADAMW ? 1 : 0;
-    adamw_selected_kernel<<<blocks, kAdamwThreads, 0, cuda_stream>>>(table);
-    check_launch("adamw_selected_kernel");
+    // Matrices with no rows have no update blocks but still count the step (as the host does).
+    if (update_blocks > 0) {
+      adamw_selected_kernel<<<update_blocks, kAdamwThreads, 0, cuda_stream>>>(table);
+      check_launch("adamw_selected_kernel");
+    }
+    // After the update in stream order: every update block has read the old counts.
+    adamw_count_steps_kernel<<<step_blocks, kAdamwStepThreads, 0, cuda_stream>>>(table);
+    check_launch("adamw_count_steps_kernel");
   });
 }
 

@@ -126,14 +126,10 @@ def test_adamw_equals_host_twin_and_float64(param_dtype, grad_dtype, master):
         zip(cases, host, dev)
     ):
         std = _cpu_state(std)
-        # Same rounding on both sides (no FMA contraction); allow one ulp for pow().
-        for a, b in ((std.exp_avg, sth.exp_avg), (std.exp_avg_sq, sth.exp_avg_sq)):
-            torch.testing.assert_close(a, b, rtol=2**-22, atol=0)
-        if master:
-            torch.testing.assert_close(std.master, sth.master, rtol=2**-22, atol=0)
-        assert torch.equal(std.steps, sth.steps)
-        mismatched = (wd.cpu().float() != wh.float()).sum().item()
-        assert mismatched <= max(1, wh.numel() // 10000), (i, mismatched)
+        # Same rounding on both sides by construction (adam_math.hpp): bit for bit.
+        for a, b in zip(std, sth):
+            assert (a is None and b is None) or torch.equal(a, b), i
+        assert torch.equal(wd.cpu(), wh), i
         p64, m64, _ = adamw_reference(w0, g0, s0, st0, lrs[i], wds[i], BETAS, EPS, float(scale))
         if p64.numel():
             err = (std.exp_avg.double() - m64).abs().max()

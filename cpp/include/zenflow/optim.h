@@ -67,7 +67,8 @@ typedef struct zf_adam_hparams {
   { 0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW }
 
 /*
- * In-place Adam/AdamW on the selected columns of a list of matrices, one launch for all.
+ * In-place Adam/AdamW on the selected columns of a list of matrices: on CUDA two launches
+ * per batch of up to 160 matrices (the update, then the step counts).
  *
  *   params[i]    W: [m_i, n_i] row-major, contiguous, f32, f16 or bf16; updated in place.
  *                1-D [n_i] reads as [1, n_i]; more dimensions as [shape[0], rest].
@@ -78,10 +79,13 @@ typedef struct zf_adam_hparams {
  *   state[i]     device layout (above): master (optional), exp_avg, exp_avg_sq with
  *                m_i * k_i elements in [m_i, k_i] order (any shape with that many
  *                elements); steps: i32, k_i elements.
- *   lr, weight_decay  host arrays of `count` doubles: per matrix.
+ *   lr, weight_decay  host arrays of `count` doubles: per matrix. lr may be NULL when
+ *                lr_tensor is given.
  *   lr_tensor    NULL, or f32 [count] on the device of params: the learning rates, read
  *                on the device when the work runs (it replaces `lr`), so that a captured
- *                CUDA graph follows an lr schedule. weight_decay stays by value.
+ *                CUDA graph follows an lr schedule; the decoupled decay 1 - lr * wd is
+ *                formed from it on the device too. weight_decay itself stays by value
+ *                (baked into a captured graph, as in torch's capturable AdamW).
  *   grad_scale   NULL, or a 1-element f32 tensor on the device of params: every gradient
  *                is multiplied by it (clip coefficient times 1 / loss scale), read on the
  *                device.
@@ -89,7 +93,8 @@ typedef struct zf_adam_hparams {
  *                found by zf_column_stats), the call changes nothing, not even steps.
  *
  * Per column c: step = steps[c] + 1 (written back), bias corrections 1 - beta^step
- * computed in fp64 and rounded to fp32 as torch does; then for every row r, with p the
+ * computed in fp64 (beta^step by square-and-multiply in double-double, not libm pow, so host
+ * and device agree bit for bit) and rounded to fp32 as torch does; then for every row r, with p the
  * master (if present) or W[r, sel[c]] as fp32 (AdamW mode):
  *   p <- p * (1 - lr * wd);  m <- m + (1 - beta1) * (g - m);  v <- beta2 * v + (1 - beta2) * g^2
  *   p <- p - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)

@@ -33,13 +33,16 @@ AdamwSelectedPlan::AdamwSelectedPlan(std::vector<AdamwSelectedMatrix> matrices, 
 }
 
 void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* pointers, float grad_scale) {
-  // The step scalars of every column, once per column (not per element).
+  // The step scalars of every column, once per column (not per element); a column whose
+  // count equals the previous column's (the common case) reuses its scalars.
   for (size_t i = 0; i < matrices_.size(); ++i) {
     const AdamHyperParams hyper{pointers[i].lr, hparams_.beta1,           hparams_.beta2,
                                 hparams_.eps,   pointers[i].weight_decay, hparams_.mode == ZF_ADAM_MODE_ADAMW};
+    AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
     for (int64_t c = 0; c < matrices_[i].k; ++c) {
-      scalars_[scalar_offsets_[i] + static_cast<size_t>(c)] =
-          adam_step_scalars(hyper, int64_t{pointers[i].steps[c]} + 1);
+      const int32_t count = pointers[i].steps[c];
+      column_scalars[c] = c > 0 && count == pointers[i].steps[c - 1] ? column_scalars[c - 1]
+                                                                     : adam_step_scalars(hyper, int64_t{count} + 1);
     }
   }
   // Walks the elements [begin, end) of matrix i's row-major (r, c) order: whole rows of its

@@ -10,7 +10,8 @@ namespace zf_py {
 
 // adamw_selected_columns(params, grads, selected, state, lr, weight_decay, lr_tensor, beta1,
 // beta2, eps, mode, grad_scale, noop, stream): see zenflow/optim.h. selected=None: dense.
-// lr and weight_decay: one double per matrix; lr_tensor: None or f32 [count] on the device.
+// lr and weight_decay: one double per matrix (lr may be empty when lr_tensor is given);
+// lr_tensor: None or f32 [count] on the device.
 void register_optim(py::module_& m) {
   m.def(
       "adamw_selected_columns",
@@ -27,7 +28,9 @@ void register_optim(py::module_& m) {
         require_length(count, grad_desc.size(), "grads", "params");
         if (!selected.is_none()) require_length(count, selected_desc.size(), "selected", "params");
         require_length(count, states.size(), "state", "params");
-        require_length(count, lr.size(), "lr", "params");
+        // An empty lr with an lr_tensor: the device array alone gives the learning rates.
+        const bool lr_from_tensor = lr.empty() && !lr_tensor.is_none();
+        if (!lr_from_tensor) require_length(count, lr.size(), "lr", "params");
         require_length(count, weight_decay.size(), "weight_decay", "params");
         zf_tensor lr_desc{}, scale_desc{}, noop_desc{};
         if (!lr_tensor.is_none()) lr_desc = conv.tensor(lr_tensor, ArgName{"lr_tensor"}, Access::kRead);
@@ -35,11 +38,11 @@ void register_optim(py::module_& m) {
         if (!noop.is_none()) noop_desc = conv.tensor(noop, ArgName{"noop"}, Access::kRead);
         const zf_adam_hparams hparams{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
         conv.run([&] {
-          return zf_adamw_selected_columns(param_desc.data(), grad_desc.data(),
-                                           selected.is_none() ? nullptr : selected_desc.data(), states.data(), count,
-                                           lr.data(), weight_decay.data(), lr_tensor.is_none() ? nullptr : &lr_desc,
-                                           &hparams, grad_scale.is_none() ? nullptr : &scale_desc,
-                                           noop.is_none() ? nullptr : &noop_desc, reinterpret_cast<zf_stream>(stream));
+          return zf_adamw_selected_columns(
+              param_desc.data(), grad_desc.data(), selected.is_none() ? nullptr : selected_desc.data(), states.data(),
+              count, lr_from_tensor ? nullptr : lr.data(), weight_decay.data(),
+              lr_tensor.is_none() ? nullptr : &lr_desc, &hparams, grad_scale.is_none() ? nullptr : &scale_desc,
+              noop.is_none() ? nullptr : &noop_desc, reinterpret_cast<zf_stream>(stream));
         });
       },
       py::arg("params"), py::arg("grads"), py::arg("selected"), py::arg("state"), py::arg("lr"),

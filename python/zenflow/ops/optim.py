@@ -33,7 +33,7 @@ def adamw_selected_columns_(
     selected: Sequence[Any] | None,
     state: Sequence[ColumnState],
     *,
-    lr: float | Sequence[float],
+    lr: float | Sequence[float] | None = None,
     weight_decay: float | Sequence[float] = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
@@ -43,17 +43,18 @@ def adamw_selected_columns_(
     noop: Any = None,
     stream: int | None = None,
 ) -> None:
-    """In-place Adam/AdamW (torch's arithmetic) on W[:, selected] of every matrix, in one
-    launch on CUDA.
+    """In-place Adam/AdamW (torch's arithmetic) on W[:, selected] of every matrix, two
+    launches per 160 matrices on CUDA, bitwise equal to the host.
 
     params, grads: [m, n] row-major (1-D reads as [1, n]), f32/f16/bf16; grads are read
     in place, never gathered. selected: int32 [k] ascending per matrix (from
     select_topk_columns), or None for every column (dense AdamW). state: one ColumnState
     per matrix in the device layout, fp32 [m, k], steps int32 [k] (incremented). lr,
-    weight_decay: one value or one per matrix. lr_tensor: optional float32 [count] on the
-    device, read when the work runs (it replaces lr; a captured CUDA graph follows an lr
-    schedule). grad_scale: optional 1-element float32 array multiplying every gradient
-    (clip coefficient / loss scale), read on the device. noop: optional 1-element int32
+    weight_decay: one value or one per matrix; lr may be omitted when lr_tensor is given.
+    lr_tensor: optional float32 [count] on the device, read when the work runs (it replaces
+    lr; a captured CUDA graph follows an lr schedule, the decoupled decay 1 - lr * wd
+    included; weight_decay itself stays baked in). grad_scale: optional 1-element float32
+    array multiplying every gradient (clip coefficient / loss scale), read on the device. noop: optional 1-element int32
     array; non-zero skips the whole call (overflow). mode: 'adamw' or 'adam' (L2).
     On the host, step counts below 0 or at INT32_MAX are rejected; on CUDA a negative
     count counts as 0 and INT32_MAX stays there (zenflow/optim.h).
@@ -64,7 +65,12 @@ def adamw_selected_columns_(
         selected = as_list("selected", selected)
     state = as_list("state", state)
     count = len(params)
-    lrs = per_matrix("lr", lr, count)
+    if lr is None:
+        if lr_tensor is None:
+            raise TypeError("lr: required unless lr_tensor is given")
+        lrs = []  # the native layer reads lr_tensor alone
+    else:
+        lrs = per_matrix("lr", lr, count)
     wds = per_matrix("weight_decay", weight_decay, count)
     beta1, beta2, eps, mode_id = adam_hparams(betas, eps, mode)
     handle = _arrays.current_stream(params[0], stream) if params else 0
