@@ -1,5 +1,5 @@
-"""GPU tests of what test_gpu_kernels.py does not reach: multi-launch lists, unaligned
-bases, explicit side streams, CUDA graph capture, run-to-run bitwise determinism and
+"""GPU tests of what test_gpu_kernels.py does not reach: multi-launch lists, a tensor over
+2^31 elements, unaligned bases, explicit side streams, CUDA graph capture, run-to-run bitwise determinism and
 finite values near 1e18 (marked `gpu`, skipped without a GPU; run by
 benchmarks/device/check.sh, whose sanitizer runs set ZENFLOW_GPU_SMALL=1).
 
@@ -164,6 +164,34 @@ def test_pack_vector_path_equals_host_bit_for_bit(dtype):
         torch.cuda.synchronize()
         assert torch.equal(dev.cpu(), host), packed_dtype
         assert torch.equal(host, packed_reference([grad] * 3, selections, host.dtype, 0.7))
+
+
+# ---- a tensor over 2^31 elements ------------------------------------------------------------
+
+
+@pytest.mark.skipif(SMALL, reason="4 GiB tensors: not under compute-sanitizer")
+def test_stats_and_pack_of_a_tensor_over_two_to_the_31_elements():
+    """A bf16 gradient of 2^31 + 4096 elements (4 GiB; its packed copy 4 GiB more), all ones
+    but the last row, which is 2 and lies past element 2^31: 32-bit index arithmetic anywhere
+    shows in the last row's column sums and packed values. The sums are exact in fp32."""
+    rows, cols = 2**31 // 4096 + 1, 4096
+    free, _ = torch.cuda.mem_get_info()
+    if free < 12 * 2**30:
+        pytest.skip("needs 12 GiB of free GPU memory")
+    g = torch.ones(rows, cols, device=DEV, dtype=torch.bfloat16)
+    g[-1] = 2.0
+    stats = ops.column_stats([g])
+    torch.cuda.synchronize()
+    column = float(rows - 1 + 4)
+    assert torch.equal(stats.col_sq[0].cpu(), torch.full((cols,), column))
+    assert float(stats.total_sq.cpu()) == column * cols  # 2^31 + 2^14: exact in fp32
+    assert int(stats.nonfinite.cpu()) == 0
+    selected = torch.tensor([0, 4095], dtype=torch.int32, device=DEV)
+    packed = ops.pack_columns([g], [selected])  # column-major: one run of `rows` per column
+    torch.cuda.synchronize()
+    by_column = packed.view(cols - 2, rows)
+    assert torch.equal(by_column[:, -1].cpu(), torch.full((cols - 2,), 2.0, dtype=torch.bfloat16))
+    assert bool((by_column[:, :-1] == 1).all())
 
 
 # ---- a contiguous gradient whose base is 2 bytes off 16-byte alignment ------------------------
