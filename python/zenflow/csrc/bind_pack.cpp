@@ -39,6 +39,28 @@ std::vector<int64_t> packed_layout(const std::vector<int64_t>& rows, const std::
   return offsets;
 }
 
+// The four lists both forms of the exchange take (old and new selections and compact states),
+// converted in argument order; check_lengths() once the call's other arguments are converted.
+struct ExchangeLists {
+  std::vector<zf_tensor> old_selected, new_selected;
+  std::vector<zf_column_state> old_state, new_state;
+
+  ExchangeLists(Converter& conv, const py::object& old_sel, const py::object& new_sel, const py::object& old_st,
+                const py::object& new_st)
+      : old_selected(conv.list(old_sel, "old_selected", Access::kRead)),
+        new_selected(conv.list(new_sel, "new_selected", Access::kRead)),
+        old_state(conv.states(old_st, "old_state", Access::kRead)),
+        new_state(conv.states(new_st, "new_state", Access::kWrite)) {}
+
+  size_t count() const { return old_selected.size(); }
+  bool on_cuda() const { return old_selected[0].device.type == ZF_DEVICE_CUDA; }
+  void check_lengths() const {
+    require_length(count(), new_selected.size(), "new_selected", "matrices");
+    require_length(count(), old_state.size(), "old_state", "matrices");
+    require_length(count(), new_state.size(), "new_state", "matrices");
+  }
+};
+
 }  // namespace
 
 // packed_layout / pack_columns / scatter_columns / exchange_selected_columns: see zenflow/pack.h.
@@ -108,25 +130,19 @@ void register_pack(py::module_& m) {
          const py::object& new_state, const py::object& entering, const py::object& leaving, const py::object& allocate,
          intptr_t stream) {
         Converter conv(stream);
-        const auto old_desc = conv.list(old_selected, "old_selected", Access::kRead);
-        const auto new_desc = conv.list(new_selected, "new_selected", Access::kRead);
-        const auto old_s = conv.states(old_state, "old_state", Access::kRead);
-        const auto new_s = conv.states(new_state, "new_state", Access::kWrite);
+        const ExchangeLists lists(conv, old_selected, new_selected, old_state, new_state);
         const auto in_s = conv.states(entering, "entering", Access::kRead);
         const auto out_s = conv.states(leaving, "leaving", Access::kWrite);
-        const size_t count = old_desc.size();
-        require_length(count, new_desc.size(), "new_selected", "matrices");
-        require_length(count, old_s.size(), "old_state", "matrices");
-        require_length(count, new_s.size(), "new_state", "matrices");
+        const size_t count = lists.count();
+        lists.check_lengths();
         require_length(count, in_s.size(), "entering", "matrices");
         require_length(count, out_s.size(), "leaving", "matrices");
         if (count == 0) return size_t{0};
-        return run_with_workspace(conv, old_desc[0].device.type == ZF_DEVICE_CUDA, allocate,
-                                  [&](void* ws, size_t* bytes) {
-                                    return zf_exchange_selected_columns(old_desc.data(), new_desc.data(), old_s.data(),
-                                                                        new_s.data(), in_s.data(), out_s.data(), count,
-                                                                        ws, bytes, reinterpret_cast<zf_stream>(stream));
-                                  });
+        return run_with_workspace(conv, lists.on_cuda(), allocate, [&](void* ws, size_t* bytes) {
+          return zf_exchange_selected_columns(lists.old_selected.data(), lists.new_selected.data(),
+                                              lists.old_state.data(), lists.new_state.data(), in_s.data(), out_s.data(),
+                                              count, ws, bytes, reinterpret_cast<zf_stream>(stream));
+        });
       },
       py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"), py::arg("entering"),
       py::arg("leaving"), py::arg("allocate") = py::none(), py::arg("stream") = 0);
@@ -140,25 +156,20 @@ void register_pack(py::module_& m) {
          const std::vector<int64_t>& leaving_counts, const py::object& leaving, const py::object& allocate,
          intptr_t stream) {
         Converter conv(stream);
-        const auto old_desc = conv.list(old_selected, "old_selected", Access::kRead);
-        const auto new_desc = conv.list(new_selected, "new_selected", Access::kRead);
-        const auto old_s = conv.states(old_state, "old_state", Access::kRead);
-        const auto new_s = conv.states(new_state, "new_state", Access::kWrite);
+        const ExchangeLists lists(conv, old_selected, new_selected, old_state, new_state);
         const zf_column_state in_s = conv.state(entering, "entering", -1, Access::kRead);
         const zf_column_state out_s = conv.state(leaving, "leaving", -1, Access::kWrite);
-        const size_t count = old_desc.size();
-        require_length(count, new_desc.size(), "new_selected", "matrices");
-        require_length(count, old_s.size(), "old_state", "matrices");
-        require_length(count, new_s.size(), "new_state", "matrices");
+        const size_t count = lists.count();
+        lists.check_lengths();
         require_length(count, entering_counts.size(), "entering_counts", "matrices");
         require_length(count, leaving_counts.size(), "leaving_counts", "matrices");
         if (count == 0) return size_t{0};
-        return run_with_workspace(
-            conv, old_desc[0].device.type == ZF_DEVICE_CUDA, allocate, [&](void* ws, size_t* bytes) {
-              return zf_exchange_selected_columns_packed(old_desc.data(), new_desc.data(), old_s.data(), new_s.data(),
-                                                         entering_counts.data(), &in_s, leaving_counts.data(), &out_s,
-                                                         count, ws, bytes, reinterpret_cast<zf_stream>(stream));
-            });
+        return run_with_workspace(conv, lists.on_cuda(), allocate, [&](void* ws, size_t* bytes) {
+          return zf_exchange_selected_columns_packed(lists.old_selected.data(), lists.new_selected.data(),
+                                                     lists.old_state.data(), lists.new_state.data(),
+                                                     entering_counts.data(), &in_s, leaving_counts.data(), &out_s,
+                                                     count, ws, bytes, reinterpret_cast<zf_stream>(stream));
+        });
       },
       py::arg("old_selected"), py::arg("new_selected"), py::arg("old_state"), py::arg("new_state"),
       py::arg("entering_counts"), py::arg("entering"), py::arg("leaving_counts"), py::arg("leaving"),
