@@ -84,7 +84,6 @@ def main() -> None:
 
     def hooks_then_step():
         hook = hooked._on_gradient
-        elapsed = 0.0
         start = time.perf_counter()
         for h in reversed(hooked_params):  # backward order
             hook(h)

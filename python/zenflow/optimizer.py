@@ -38,7 +38,7 @@ _MATRIX_KEYS = (
     "window_energy",
 )
 _DENSE_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps")
-_INT_KEYS = ("steps",)
+_INT_KEYS = ("steps", "selected")
 _SCHEDULE_KEYS = (
     "step",
     "window",
@@ -65,21 +65,32 @@ def _columns(p: torch.Tensor) -> int:
     return p.numel() // p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 0
 
 
-def _fresh_entry(p: torch.Tensor, matrix: bool) -> dict[str, torch.Tensor]:
-    """The engine's state of a parameter that has not taken a step."""
-    entry = {
-        "master": p.detach().to("cpu", torch.float32).contiguous().clone(),
-        "exp_avg": torch.zeros(p.shape, dtype=torch.float32),
-        "exp_avg_sq": torch.zeros(p.shape, dtype=torch.float32),
-    }
+def _entry_shapes(p: torch.Tensor, matrix: bool) -> dict[str, tuple[int, ...]]:
+    """The shape of every entry of the engine's state of one parameter (engine.h)."""
+    shapes = {"master": tuple(p.shape), "exp_avg": tuple(p.shape), "exp_avg_sq": tuple(p.shape)}
     if not matrix:
-        entry["steps"] = torch.zeros(1, dtype=torch.int32)
-        return entry
+        shapes["steps"] = (1,)
+        return shapes
     n = _columns(p)
-    entry["steps"] = torch.zeros(n, dtype=torch.int32)
-    entry["selected"] = torch.zeros(0, dtype=torch.int32)
-    entry["window_score"] = torch.zeros(2, n, dtype=torch.float32)
-    entry["window_energy"] = torch.zeros(2, dtype=torch.float32)
+    shapes.update(steps=(n,), selected=(0,), window_score=(2, n), window_energy=(2,))
+    return shapes
+
+
+def _fresh_entry(
+    p: torch.Tensor, matrix: bool, given: dict | None = None
+) -> dict[str, torch.Tensor]:
+    """The engine's state of a parameter that has not taken a step; entries in `given` are
+    taken as they are (only the others are allocated)."""
+    entry = dict(given or {})
+    for key, shape in _entry_shapes(p, matrix).items():
+        if key in entry:
+            continue
+        if key == "master":
+            entry[key] = p.detach().to("cpu", torch.float32).contiguous().clone()
+        else:
+            entry[key] = torch.zeros(
+                shape, dtype=torch.int32 if key in _INT_KEYS else torch.float32
+            )
     return entry
 
 
@@ -800,12 +811,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if not isinstance(saved, dict):
             raise TypeError(f"{name}: expected a dict")
         entry = {}
-        fresh = _fresh_entry(p, matrix)
+        shapes = _entry_shapes(p, matrix)
         for key in _MATRIX_KEYS if matrix else _DENSE_KEYS:
             if key not in saved:
                 if key in ("selected", "window_score", "window_energy"):
-                    entry[key] = fresh[key]  # a parameter that was dense when saved
-                    continue
+                    continue  # a parameter that was dense when saved: fresh below
+
                 raise ValueError(
                     f"{name}: missing {key!r} (the state of another model or optimizer)"
                 )
@@ -814,21 +825,20 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 entry[key] = mask.nonzero().flatten().to(torch.int32)
                 continue
             dtype = torch.int32 if key in _INT_KEYS else torch.float32
-            shape = tuple(fresh[key].shape)
             if key == "steps" and matrix and saved[key].numel() == 1:
                 entry[key] = (
                     self._tensor(f"{name}['steps']", saved[key], dtype, None)
                     .reshape(1)
-                    .expand(fresh[key].shape[0])
+                    .expand(shapes["steps"])
                     .contiguous()
                 )  # dense when saved: every column has its count
                 continue
-            entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shape)
+            entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shapes[key])
         if not matrix and saved["steps"].numel() != 1:
             raise ValueError(
                 f"{name}['steps']: per-column step counts of a matrix cannot load into a dense parameter"
             )
-        return entry
+        return _fresh_entry(p, matrix, entry)
 
     def _torch_entry(self, saved: dict, p: torch.Tensor, matrix: bool, name: str) -> dict:
         if "max_exp_avg_sq" in saved:
@@ -840,13 +850,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         step = int(step.item() if isinstance(step, torch.Tensor) else step)
         if step < 0 or step >= 2**31 - 1:
             raise ValueError(f"{name}['step']: {step} is out of range")
-        entry = _fresh_entry(p, matrix)
-        entry["exp_avg"] = self._tensor(
-            f"{name}['exp_avg']", saved["exp_avg"], torch.float32, tuple(p.shape)
-        )
-        entry["exp_avg_sq"] = self._tensor(
-            f"{name}['exp_avg_sq']", saved["exp_avg_sq"], torch.float32, tuple(p.shape)
-        )
+        moments = {
+            key: self._tensor(f"{name}[{key!r}]", saved[key], torch.float32, tuple(p.shape))
+            for key in ("exp_avg", "exp_avg_sq")
+        }
+        entry = _fresh_entry(p, matrix, moments)
         entry["steps"].fill_(step)
         return entry
 
