@@ -26,7 +26,23 @@ namespace zf {
 namespace cuda {
 namespace {
 
-__global__ void step_scalars_kernel(StepScalars* scalars, double loss_scale, double max_grad_norm) {
+constexpr int kScalarThreads = 256;
+
+// One block: the chunk sums in parallel, then thread 0 adds them in chunk order and forms
+// the scalars: the host's order exactly (step_scalars.hpp).
+__global__ void __launch_bounds__(kScalarThreads)
+    step_scalars_kernel(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                        int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) {
+  const int64_t chunks = (columns + kTotalChunk - 1) / kTotalChunk;
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) chunk_sums[c] = column_chunk_sum(col_sq, columns, c);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) total = __dadd_rn(total, chunk_sums[c]);
+  int32_t nonfinite = 0;
+  for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
+  scalars->total_sq = static_cast<float>(total);
+  scalars->nonfinite = nonfinite;
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 
@@ -93,15 +109,17 @@ class CudaBackend final : public Backend {
     return cuda_ops().column_stats_workspace_bytes(params, count);
   }
 
-  void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, StepScalars* scalars,
-                    void* workspace, size_t workspace_bytes) override {
-    cuda_ops().column_stats(grads, col_sq, plan.size(), &scalars->total_sq, &scalars->nonfinite, device_, false,
-                            workspace, workspace_bytes, compute_);
+  void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                    int32_t* nonfinite, void* workspace, size_t workspace_bytes) override {
+    cuda_ops().column_stats(grads, col_sq, plan.size(), total_sq, nonfinite, device_, false, workspace, workspace_bytes,
+                            compute_);
   }
 
-  void step_scalars(StepScalars* scalars, double loss_scale, double max_grad_norm) override {
+  void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                    int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
     const ScopedDevice guard(device_);
-    step_scalars_kernel<<<1, 1, 0, static_cast<cudaStream_t>(compute_)>>>(scalars, loss_scale, max_grad_norm);
+    step_scalars_kernel<<<1, kScalarThreads, 0, static_cast<cudaStream_t>(compute_)>>>(
+        scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
     check_launch("step_scalars_kernel");
   }
 

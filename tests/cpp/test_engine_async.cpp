@@ -47,15 +47,19 @@ class SimulatedAsyncBackend final : public zf::Backend {
   }
 
   size_t column_stats_workspace_bytes(const zf_tensor*, size_t) override { return 0; }
-  void column_stats(zf::ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq,
-                    zf::StepScalars* scalars, void*, size_t) override {
+  void column_stats(zf::ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                    int32_t* nonfinite, void*, size_t) override {
     auto copy = std::make_shared<zf::ColumnStatsPlan>(plan);
     std::vector<zf_tensor> g(grads, grads + plan.size()), c(col_sq, col_sq + plan.size());
-    enqueue(zf::Lane::kCompute,
-            [this, copy, g, c, scalars] { host_.column_stats(*copy, g.data(), c.data(), scalars, nullptr, 0); });
+    enqueue(zf::Lane::kCompute, [this, copy, g, c, total_sq, nonfinite] {
+      host_.column_stats(*copy, g.data(), c.data(), total_sq, nonfinite, nullptr, 0);
+    });
   }
-  void step_scalars(zf::StepScalars* scalars, double loss_scale, double max_grad_norm) override {
-    enqueue(zf::Lane::kCompute, [=] { zf::compute_step_scalars(scalars, loss_scale, max_grad_norm); });
+  void step_scalars(zf::StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                    int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
+    enqueue(zf::Lane::kCompute, [=] {
+      host_.step_scalars(scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
+    });
   }
   void adamw_selected(zf::AdamwSelectedPlan& plan, const zf::AdamwSelectedPointers* pointers,
                       const zf::StepScalars* scalars) override {

@@ -1,8 +1,11 @@
 // The scalars of one engine step, kept in device memory so that the device ops read them
-// without a round trip to the host (docs/design.md section 7): the statistics pass writes
-// total_sq and nonfinite, compute_step_scalars turns them into the gradient scale and the
-// skip flag, the selected AdamW and every staging slot's header read those. The formula is
-// one function for the host and the device, so both backends agree bit for bit.
+// without a round trip to the host (docs/design.md section 7). The statistics passes write
+// every parameter's column sums of squares and a non-finite flag per pass; the step-scalars
+// pass sums the column sums into total_sq in a fixed order (so the total does not depend on
+// how the step's gradients were grouped into passes: a split step submitted in parts gives
+// the bits of a whole one), ORs the flags, and forms the gradient scale and the skip flag,
+// which the selected AdamW and every staging slot's header read. The formulas are one set
+// of functions for the host and the device, so both backends agree bit for bit.
 #pragma once
 
 #include <cmath>
@@ -28,6 +31,20 @@ struct SlotHeader {
   float grad_scale;
   int32_t skip;
 };
+
+// The total's order: column sums in chunks of kTotalChunk, each chunk summed in fp64 in
+// column order, the chunk sums added in chunk order, one rounding to fp32 at the end.
+constexpr int64_t kTotalChunk = 1024;
+
+ZF_HOST_DEVICE inline double column_chunk_sum(const float* col_sq, int64_t columns, int64_t chunk) {
+  const int64_t begin = chunk * kTotalChunk;
+  const int64_t end = begin + kTotalChunk < columns ? begin + kTotalChunk : columns;
+  double sum = 0.0;
+  for (int64_t j = begin; j < end; ++j) sum += static_cast<double>(col_sq[j]);
+  return sum;
+}
+
+inline int64_t column_chunks(int64_t columns) { return (columns + kTotalChunk - 1) / kTotalChunk; }
 
 // grad_scale = min(1, max_grad_norm / (norm + 1e-6)) / loss_scale (no clipping when
 // max_grad_norm <= 0), norm = sqrt(total_sq) / loss_scale, in double (IEEE sqrt and

@@ -46,11 +46,15 @@ class Backend {
   // ---- compute lane ----
   // Device workspace column_stats needs for these shapes (the gradients have the parameters').
   virtual size_t column_stats_workspace_bytes(const zf_tensor* params, size_t count) = 0;
-  // col_sq[i] <- column sums of squares of grads[i]; scalars->total_sq, ->nonfinite.
-  virtual void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq,
-                            StepScalars* scalars, void* workspace, size_t workspace_bytes) = 0;
-  // scalars->grad_scale, ->skip from the statistics (compute_step_scalars, on the device).
-  virtual void step_scalars(StepScalars* scalars, double loss_scale, double max_grad_norm) = 0;
+  // col_sq[i] <- column sums of squares of grads[i]; *nonfinite <- 1 if an element is Inf or
+  // NaN, else 0; *total_sq <- the pass's total (unused by the engine: see step_scalars).
+  virtual void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                            int32_t* nonfinite, void* workspace, size_t workspace_bytes) = 0;
+  // The step's scalars (step_scalars.hpp): total_sq from the `columns` column sums at col_sq
+  // (chunk_sums: scratch of column_chunks(columns) doubles), nonfinite from the OR of
+  // flags[0, flag_count), then the gradient scale and the skip flag.
+  virtual void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                            int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) = 0;
   // AdamW of the selected columns and the dense parameters; reads scalars->grad_scale and
   // does nothing when scalars->skip is set. pointers[i].selected is device memory.
   virtual void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,

@@ -193,7 +193,8 @@ void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
 }
 
 Engine::~Engine() {
-  lane_.reset();  // joins the host lane first: no job touches the buffers below any more
+  if (gate_) gate_->resolve(2, nullptr);  // no accumulate waits for an end_step that will not come
+  lane_.reset();                          // joins the host lane first: no job touches the buffers below any more
   try {
     backend_->synchronize();  // no copy still reads or writes the buffers freed below
   } catch (const std::exception&) {
@@ -288,6 +289,10 @@ void Engine::setup_buckets_and_memory() {
   }
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
+  flags_offset_ = take(std::max<size_t>(1, params_.size()) * 4);  // one per statistics pass, at its first parameter
+  total_sink_offset_ = take(4);
+  chunk_sums_offset_ =
+      take(static_cast<size_t>(std::max<int64_t>(1, column_chunks(static_cast<int64_t>(col_sq_floats_)))) * 8);
   {
     std::vector<zf_tensor> tensors;
     for (const Param& p : params_) tensors.push_back(p.tensor);

@@ -14,8 +14,11 @@
 // exchange), checkpoint.cpp, stats.cpp, engine_api.cpp (the C ABI).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -108,6 +111,7 @@ class Engine {
     std::unique_ptr<PackPlan> pack;
     AccumulatePlan accumulate;
     size_t packed_bytes = 0;                                  // with the current selection
+    size_t early_slot = 0;                                    // the staging slot it took at submit (split steps)
     std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
     std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
     std::vector<const int32_t*> selected_ptrs;                // device copies of the selections
@@ -122,10 +126,14 @@ class Engine {
   void check_usable() const;
   void check_grad(const zf_tensor& grad, size_t index) const;
   void check_lrs(const double* lrs, size_t lr_count) const;
-  void run_step(const zf_tensor* grads, const double* lrs);
-  void run_step_unguarded(const zf_tensor* grads, const double* lrs);
+  void run_step(const zf_tensor* grads, const double* lrs, bool stats_done);
+  void run_step_unguarded(const zf_tensor* grads, const double* lrs, bool stats_done);
   size_t find_nonfinite(const zf_tensor* grads) const;
   void defer_bucket(Bucket& bucket, const zf_tensor* grads);
+  void defer_bucket_early(Bucket& bucket);
+  void release_early_buckets(const StepScalars* scalars);
+  void cancel_early_buckets();
+  ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
   void wait_job(const std::shared_ptr<WorkJob>& job, double* stall);
   void poll_host_lane();
   void wait_all_slots(double* stall);
@@ -172,7 +180,8 @@ class Engine {
   // device memory (attached, or owned)
   size_t device_bytes_ = 0, staging_offset_ = 0, slot_stride_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0,
          device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, scalars_offset_ = 0,
-         stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0;
+         stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
+         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0;
   uint8_t* device_ = nullptr;
   bool device_owned_ = false;
   bool initialized_ = false;
@@ -207,7 +216,38 @@ class Engine {
   std::vector<AdamwSelectedPointers> device_pointers_;
   std::vector<double> step_lrs_;
 
-  // split form
+  // split form. A split step that is not a selection step starts its work at submit: the
+  // statistics of each submitted range, and the pack and copy down of each bucket whose
+  // matrices are all submitted (at most staging_slots buckets: a slot is not reused within
+  // the step before end_step). Their host accumulates wait at a gate that end_step opens
+  // with the slots' headers (the step's scale is known only then) and abort_step closes.
+  struct StepGate {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int state = 0;  // 0: open step, 1: go (headers copied), 2: cancelled
+    Event headers;
+    void resolve(int new_state, Event copied) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (state != 0) return;
+        state = new_state;
+        headers = std::move(copied);
+      }
+      changed.notify_all();
+    }
+    bool wait(Event* copied) {  // false: cancelled
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [this] { return state != 0; });
+      *copied = headers;
+      return state == 1;
+    }
+  };
+  bool early_ = false;
+  std::shared_ptr<StepGate> gate_;
+  std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet
+  std::vector<uint8_t> bucket_early_;   // per bucket: deferred at submit
+  size_t early_buckets_ = 0;
+  std::map<std::pair<size_t, size_t>, std::unique_ptr<ColumnStatsPlan>> range_plans_;
   bool in_split_step_ = false;
   std::vector<zf_tensor> submitted_;
   std::vector<uint8_t> submitted_flags_;

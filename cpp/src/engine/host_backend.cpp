@@ -10,18 +10,25 @@ namespace zf {
 
 HostBackend::HostBackend(int compute_threads) : pool_(compute_threads) {}
 
-void HostBackend::column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq,
-                               StepScalars* scalars, void*, size_t) {
+void HostBackend::column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                               int32_t* nonfinite, void*, size_t) {
   inputs_.resize(plan.size());
   col_sq_.resize(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     inputs_[i] = grads[i].data;
     col_sq_[i] = static_cast<float*>(col_sq[i].data);
   }
-  plan.run(pool_, inputs_.data(), col_sq_.data(), &scalars->total_sq, &scalars->nonfinite, false);
+  plan.run(pool_, inputs_.data(), col_sq_.data(), total_sq, nonfinite, false);
 }
 
-void HostBackend::step_scalars(StepScalars* scalars, double loss_scale, double max_grad_norm) {
+void HostBackend::step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                               int64_t flag_count, double*, double loss_scale, double max_grad_norm) {
+  double total = 0.0;
+  for (int64_t c = 0; c < column_chunks(columns); ++c) total += column_chunk_sum(col_sq, columns, c);
+  int32_t nonfinite = 0;
+  for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
+  scalars->total_sq = static_cast<float>(total);
+  scalars->nonfinite = nonfinite;
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 

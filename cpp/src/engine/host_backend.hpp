@@ -15,9 +15,10 @@ class HostBackend final : public Backend {
   explicit HostBackend(int compute_threads);
 
   size_t column_stats_workspace_bytes(const zf_tensor*, size_t) override { return 0; }
-  void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, StepScalars* scalars,
-                    void* workspace, size_t workspace_bytes) override;
-  void step_scalars(StepScalars* scalars, double loss_scale, double max_grad_norm) override;
+  void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                    int32_t* nonfinite, void* workspace, size_t workspace_bytes) override;
+  void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                    int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override;
   void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
                       const StepScalars* scalars) override;
   void pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) override;

@@ -26,18 +26,42 @@ void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
   for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
   check_lrs(lrs, lr_count);
-  run_step(grads, lrs);
+  run_step(grads, lrs, false);
 }
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open");
   poll_host_lane();
   check_lrs(lrs, lr_count);
+  initialize_state();
   split_has_lrs_ = lrs != nullptr;
   split_lrs_.assign(lrs, lrs + (lrs ? lr_count : 0));
   submitted_.assign(params_.size(), zf_tensor{});
   submitted_flags_.assign(params_.size(), 0);
+  // A selection step needs every column sum before anything is packed: its work waits for
+  // end_step. Any other step starts at submit (the schedule is not advanced by a peek).
+  Schedule peek = schedule_;
+  early_ = !peek.begin_step().select;
+  if (early_) {
+    backend_->fill_device_zero(device_ + flags_offset_, std::max<size_t>(1, params_.size()) * 4);
+    bucket_pending_.assign(buckets_.size(), 0);
+    for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
+    bucket_early_.assign(buckets_.size(), 0);
+    early_buckets_ = 0;
+    gate_ = std::make_shared<StepGate>();
+  }
   in_split_step_ = true;
+}
+
+ColumnStatsPlan& Engine::range_stats_plan(size_t first, size_t count) {
+  std::unique_ptr<ColumnStatsPlan>& plan = range_plans_[{first, count}];
+  if (!plan) {
+    std::vector<ColumnStatsMatrix> matrices;
+    for (size_t i = first; i < first + count; ++i)
+      matrices.push_back(ColumnStatsMatrix{params_[i].rows, params_[i].cols, params_[i].tensor.dtype});
+    plan = std::make_unique<ColumnStatsPlan>(std::move(matrices));
+  }
+  return *plan;
 }
 
 void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
@@ -54,6 +78,17 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
   }
+  if (!early_ || count == 0) return;
+  // The range's statistics now; its flag goes to the slot of its first parameter.
+  backend_->column_stats(range_stats_plan(first, count), grads, &col_sq_tensors_[first],
+                         reinterpret_cast<float*>(device_ + total_sink_offset_), device_int(flags_offset_) + first,
+                         device_ + stats_workspace_offset_, stats_workspace_bytes_);
+  for (size_t j = 0; j < count; ++j) {
+    const Param& p = params_[first + j];
+    if (!p.matrix) continue;
+    const size_t b = matrices_[p.index].bucket;
+    if (--bucket_pending_[b] == 0 && early_buckets_ < slot_jobs_.size()) defer_bucket_early(buckets_[b]);
+  }
 }
 
 void Engine::end_step() {
@@ -62,17 +97,83 @@ void Engine::end_step() {
     require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", i,
             " was not submitted (the split step stays open)");
   in_split_step_ = false;
-  run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr);
+  run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_);
 }
 
 void Engine::abort_step() {
-  // The host backend does a split step's work only at end_step, so forgetting the submitted
-  // gradients undoes it completely. No split step open: nothing to do.
+  // Work started at submit is the statistics (overwritten by the next step) and the early
+  // buckets, whose accumulates are cancelled at their gate: nothing of the step remains.
+  cancel_early_buckets();
   in_split_step_ = false;
   submitted_.clear();
   submitted_flags_.clear();
   split_lrs_.clear();
   split_has_lrs_ = false;
+}
+
+void Engine::defer_bucket_early(Bucket& b) {
+  if (b.packed_bytes == 0) return;
+  const size_t slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
+  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot from an earlier step
+    wait_job(slot_jobs_[slot], &stall_back_pressure_);
+    slot_jobs_[slot].reset();
+  }
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = submitted_[matrices_[i].param];
+  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
+  backend_->copy_down(host_slot + kSlotHeaderBytes, device_slot + kSlotHeaderBytes, b.packed_bytes);
+  const int acc = acc_current_;
+  Backend* backend = backend_.get();
+  const std::shared_ptr<StepGate> gate = gate_;
+  slot_jobs_[slot] = lane_->submit_accumulate([&b, host_slot, acc, backend, gate](ThreadPool& pool) {
+    Event headers;
+    if (!gate->wait(&headers)) return;  // the step was aborted, or failed
+    // The headers went down the same lane after the body: their event covers both copies.
+    backend->host_wait(headers);
+    SlotHeader h;
+    std::memcpy(&h, host_slot, sizeof(h));
+    if (h.skip) return;
+    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
+  });
+  b.early_slot = slot;
+  bucket_early_[static_cast<size_t>(&b - buckets_.data())] = 1;
+  ++early_buckets_;
+  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
+}
+
+void Engine::release_early_buckets(const StepScalars* scalars) {
+  // The early slots' headers, from the step's scalars: one copy each on the compute lane,
+  // then down; the gate opens with the event of the last.
+  if (!gate_) return;
+  if (early_buckets_ > 0) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!bucket_early_[b]) continue;
+      uint8_t* device_slot = device_ + staging_offset_ + buckets_[b].early_slot * slot_stride_;
+      backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+    }
+    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!bucket_early_[b]) continue;
+      const size_t slot = buckets_[b].early_slot;
+      backend_->copy_down(host_slots_.data() + slot * slot_stride_, device_ + staging_offset_ + slot * slot_stride_,
+                          sizeof(SlotHeader));
+    }
+    gate_->resolve(1, backend_->record(Lane::kDown));
+  } else {
+    gate_->resolve(1, nullptr);
+  }
+  gate_.reset();
+}
+
+void Engine::cancel_early_buckets() {
+  if (gate_) gate_->resolve(2, nullptr);
+  gate_.reset();
+  early_ = false;
+  early_buckets_ = 0;
+  bucket_early_.assign(buckets_.size(), 0);
 }
 
 size_t Engine::find_nonfinite(const zf_tensor* grads) const {
@@ -155,10 +256,12 @@ const float* Engine::col_sq_on_host(double* stall) {
   return col_sq_host_.data();
 }
 
-void Engine::run_step(const zf_tensor* grads, const double* lrs) {
+void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done) {
   try {
-    run_step_unguarded(grads, lrs);
+    run_step_unguarded(grads, lrs, stats_done);
+    cancel_early_buckets();  // released by the step; this only clears the bookkeeping
   } catch (const Error& e) {
+    cancel_early_buckets();  // a failed or skipped step: its early accumulates add nothing
     // A device that failed mid-step leaves the step half done: refuse further steps.
     if (e.status() == ZF_ERROR_CUDA && !sticky_) {
       sticky_ = true;
@@ -170,15 +273,22 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs) {
   }
 }
 
-void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs) {
+void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool stats_done) {
   check_usable();
   initialize_state();
-  // 1. statistics of every gradient: column sums of squares, total, non-finite flag; then
-  // the gradient scale and the skip flag, on the device.
+  // 1. statistics of every gradient (a split step has them from its submits): column sums of
+  // squares and a non-finite flag per pass; then the total, the gradient scale and the skip
+  // flag, on the device.
   StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
-  backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), scalars, device_ + stats_workspace_offset_,
-                         stats_workspace_bytes_);
-  backend_->step_scalars(scalars, loss_scale_, config_.max_grad_norm);
+  const size_t flag_count = std::max<size_t>(1, params_.size());
+  if (!stats_done) {
+    backend_->fill_device_zero(device_ + flags_offset_, flag_count * 4);
+    backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
+                           device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
+  }
+  backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
+                         device_int(flags_offset_), static_cast<int64_t>(flag_count),
+                         reinterpret_cast<double*>(device_ + chunk_sums_offset_), loss_scale_, config_.max_grad_norm);
   // 2. what the host needs of them
   if (read_scalars_now()) {
     const StepScalars s = readback_scalars(&stall_readback_);
@@ -204,7 +314,7 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs) {
   for (size_t g = 0; g < groups_.size(); ++g) step_lrs_[g] = lrs ? lrs[g] : groups_[g].lr;
 
   const Schedule::StepKind kind = schedule_.begin_step();
-  // 3. selection (after a flush), the lossless exchange
+  // 3. selection (after a flush), the lossless exchange (never in a step that started early)
   if (kind.select) select_columns();
   // 4. AdamW of the selected columns and the dense parameters
   device_pointers_.resize(device_plan_params_.size());
@@ -232,8 +342,12 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs) {
     }
   }
   if (!device_pointers_.empty()) backend_->adamw_selected(*device_plan_, device_pointers_.data(), scalars);
-  // 5. deferred columns through the staging ring into the host accumulator
-  for (Bucket& b : buckets_) defer_bucket(b, grads);
+  // 5. deferred columns through the staging ring into the host accumulator: the buckets
+  // packed at submit get their headers, then the others go
+  release_early_buckets(scalars);
+  for (Bucket& b : buckets_) {
+    if (bucket_early_.empty() || !bucket_early_[static_cast<size_t>(&b - buckets_.data())]) defer_bucket(b, grads);
+  }
   if (!buckets_.empty()) {
     ++steps_accumulated_;
     last_lr_ = step_lrs_;
