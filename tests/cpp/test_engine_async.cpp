@@ -214,7 +214,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
   zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
   if (o.simulated) zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness));
   std::vector<std::vector<HostTensor>> out;
-  std::vector<std::vector<HostTensor>> alive;  // gradients stay valid while queued work may read them
+  std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
   for (int64_t t = 1; t <= 13; ++t) {
     alive.push_back(make_grads(model, t, true, 3));
     std::vector<HostTensor>& grads = alive.back();
@@ -226,6 +226,13 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     }
     std::vector<zf_tensor> g = tensors_of(grads);
     if (o.split) {
+      // a backward that failed half way first: some gradients submitted (buckets packed and
+      // copied down at submit), then the step discarded
+      alive.push_back(make_grads(model, t + 100, true, 3));
+      std::vector<zf_tensor> failed = tensors_of(alive.back());
+      engine.begin_step(step_lrs(model, t + 100));
+      engine.submit(2, std::vector<zf_tensor>(failed.begin() + 2, failed.end()));
+      engine.abort_step();
       engine.begin_step(step_lrs(model, t));
       const std::vector<size_t> cuts = {0, 2, 3, g.size()};
       for (size_t part = cuts.size() - 1; part > 0; --part)

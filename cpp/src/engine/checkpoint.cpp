@@ -204,6 +204,7 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
   }
   backend_->synchronize();  // nothing in flight reads or writes the device state below
   pending_scalars_.clear();
+  slot_copied_.assign(slot_copied_.size(), nullptr);
   last_scatter_.reset();
   uploads_done_.reset();
   ensure_device_memory();

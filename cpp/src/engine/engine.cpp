@@ -193,14 +193,14 @@ void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
 }
 
 Engine::~Engine() {
-  if (gate_) gate_->resolve(2, nullptr);  // no accumulate waits for an end_step that will not come
-  lane_.reset();                          // joins the host lane first: no job touches the buffers below any more
+  lane_.reset();  // joins the host lane first: no job touches the buffers below any more
   try {
     backend_->synchronize();  // no copy still reads or writes the buffers freed below
   } catch (const std::exception&) {
     // A failed device: nothing will run any more; free what is ours.
   }
   pending_scalars_.clear();
+  slot_copied_.clear();
   last_scatter_.reset();
   uploads_done_.reset();
   host_slots_ = PinnedBuffer();
@@ -309,6 +309,7 @@ void Engine::setup_buckets_and_memory() {
   scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
   slot_jobs_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
+  slot_copied_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
   // col_sq descriptors get their data pointers once the device memory exists
   col_sq_tensors_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {

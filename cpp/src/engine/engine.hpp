@@ -14,11 +14,9 @@
 // exchange), checkpoint.cpp, stats.cpp, engine_api.cpp (the C ABI).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -134,6 +132,7 @@ class Engine {
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
+  std::shared_ptr<WorkJob> submit_slot_accumulate(Bucket& bucket, size_t slot, const Event& copied);
   void wait_job(const std::shared_ptr<WorkJob>& job, double* stall);
   void poll_host_lane();
   void wait_all_slots(double* stall);
@@ -202,6 +201,7 @@ class Engine {
   Event last_scatter_;              // the upload buffer is free once it completes
   Event uploads_done_;              // U is free once it completes
   std::vector<std::shared_ptr<WorkJob>> slot_jobs_;
+  std::vector<Event> slot_copied_;  // per slot: its last copy down (the device slot is free after it)
   size_t next_slot_ = 0;
   std::shared_ptr<WorkJob> inflight_;  // the host update whose result is not uploaded yet
   int acc_current_ = 0;
@@ -219,34 +219,12 @@ class Engine {
   // split form. A split step that is not a selection step starts its work at submit: the
   // statistics of each submitted range, and the pack and copy down of each bucket whose
   // matrices are all submitted (at most staging_slots buckets: a slot is not reused within
-  // the step before end_step). Their host accumulates wait at a gate that end_step opens
-  // with the slots' headers (the step's scale is known only then) and abort_step closes.
-  struct StepGate {
-    std::mutex mutex;
-    std::condition_variable changed;
-    int state = 0;  // 0: open step, 1: go (headers copied), 2: cancelled
-    Event headers;
-    void resolve(int new_state, Event copied) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (state != 0) return;
-        state = new_state;
-        headers = std::move(copied);
-      }
-      changed.notify_all();
-    }
-    bool wait(Event* copied) {  // false: cancelled
-      std::unique_lock<std::mutex> lock(mutex);
-      changed.wait(lock, [this] { return state != 0; });
-      *copied = headers;
-      return state == 1;
-    }
-  };
+  // the step before end_step). Their host accumulates are queued by end_step, after the
+  // slots' headers (the step's scale is known only then); abort_step drops them.
   bool early_ = false;
-  std::shared_ptr<StepGate> gate_;
   std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet
-  std::vector<uint8_t> bucket_early_;   // per bucket: deferred at submit
-  size_t early_buckets_ = 0;
+  std::vector<uint8_t> bucket_early_;   // per bucket: packed and copied at submit
+  std::vector<size_t> early_buckets_;   // those buckets, in the order they went
   std::map<std::pair<size_t, size_t>, std::unique_ptr<ColumnStatsPlan>> range_plans_;
   bool in_split_step_ = false;
   std::vector<zf_tensor> submitted_;

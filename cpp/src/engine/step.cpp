@@ -47,8 +47,7 @@ void Engine::begin_step(const double* lrs, size_t lr_count) {
     bucket_pending_.assign(buckets_.size(), 0);
     for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
     bucket_early_.assign(buckets_.size(), 0);
-    early_buckets_ = 0;
-    gate_ = std::make_shared<StepGate>();
+    early_buckets_.clear();
   }
   in_split_step_ = true;
 }
@@ -87,7 +86,7 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     const Param& p = params_[first + j];
     if (!p.matrix) continue;
     const size_t b = matrices_[p.index].bucket;
-    if (--bucket_pending_[b] == 0 && early_buckets_ < slot_jobs_.size()) defer_bucket_early(buckets_[b]);
+    if (--bucket_pending_[b] == 0 && early_buckets_.size() < slot_jobs_.size()) defer_bucket_early(buckets_[b]);
   }
 }
 
@@ -102,7 +101,7 @@ void Engine::end_step() {
 
 void Engine::abort_step() {
   // Work started at submit is the statistics (overwritten by the next step) and the early
-  // buckets, whose accumulates are cancelled at their gate: nothing of the step remains.
+  // buckets' copies, whose accumulates were never queued: nothing of the step remains.
   cancel_early_buckets();
   in_split_step_ = false;
   submitted_.clear();
@@ -121,59 +120,60 @@ void Engine::defer_bucket_early(Bucket& b) {
   }
   for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = submitted_[matrices_[i].param];
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
   backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  backend_->copy_down(host_slots_.data() + slot * slot_stride_ + kSlotHeaderBytes, device_slot + kSlotHeaderBytes,
+                      b.packed_bytes);
+  slot_copied_[slot] = backend_->record(Lane::kDown);
+  b.early_slot = slot;
+  const size_t index = static_cast<size_t>(&b - buckets_.data());
+  bucket_early_[index] = 1;
+  early_buckets_.push_back(index);
+  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
+}
+
+void Engine::release_early_buckets(const StepScalars* scalars) {
+  // The early slots' headers, from the step's scalars (one copy each on the compute lane,
+  // then down), then their accumulates, which wait for the headers' event: it was recorded
+  // on the down lane after the bodies, so it covers both copies.
+  if (early_buckets_.empty()) return;
+  for (size_t index : early_buckets_) {
+    uint8_t* device_slot = device_ + staging_offset_ + buckets_[index].early_slot * slot_stride_;
+    backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+  }
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  for (size_t index : early_buckets_) {
+    const size_t slot = buckets_[index].early_slot;
+    backend_->copy_down(host_slots_.data() + slot * slot_stride_, device_ + staging_offset_ + slot * slot_stride_,
+                        sizeof(SlotHeader));
+  }
+  const Event copied = backend_->record(Lane::kDown);
+  for (size_t index : early_buckets_) {
+    Bucket& b = buckets_[index];
+    slot_copied_[b.early_slot] = copied;
+    slot_jobs_[b.early_slot] = submit_slot_accumulate(b, b.early_slot, copied);
+  }
+  early_buckets_.clear();
+}
+
+void Engine::cancel_early_buckets() {
+  early_ = false;
+  early_buckets_.clear();
+  bucket_early_.assign(buckets_.size(), 0);
+}
+
+std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
   uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
-  backend_->copy_down(host_slot + kSlotHeaderBytes, device_slot + kSlotHeaderBytes, b.packed_bytes);
   const int acc = acc_current_;
   Backend* backend = backend_.get();
-  const std::shared_ptr<StepGate> gate = gate_;
-  slot_jobs_[slot] = lane_->submit_accumulate([&b, host_slot, acc, backend, gate](ThreadPool& pool) {
-    Event headers;
-    if (!gate->wait(&headers)) return;  // the step was aborted, or failed
-    // The headers went down the same lane after the body: their event covers both copies.
-    backend->host_wait(headers);
+  return lane_->submit_accumulate([&b, host_slot, acc, backend, copied](ThreadPool& pool) {
+    backend->host_wait(copied);
     SlotHeader h;
     std::memcpy(&h, host_slot, sizeof(h));
     if (h.skip) return;
     b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
   });
-  b.early_slot = slot;
-  bucket_early_[static_cast<size_t>(&b - buckets_.data())] = 1;
-  ++early_buckets_;
-  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
-}
-
-void Engine::release_early_buckets(const StepScalars* scalars) {
-  // The early slots' headers, from the step's scalars: one copy each on the compute lane,
-  // then down; the gate opens with the event of the last.
-  if (!gate_) return;
-  if (early_buckets_ > 0) {
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (!bucket_early_[b]) continue;
-      uint8_t* device_slot = device_ + staging_offset_ + buckets_[b].early_slot * slot_stride_;
-      backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
-    }
-    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (!bucket_early_[b]) continue;
-      const size_t slot = buckets_[b].early_slot;
-      backend_->copy_down(host_slots_.data() + slot * slot_stride_, device_ + staging_offset_ + slot * slot_stride_,
-                          sizeof(SlotHeader));
-    }
-    gate_->resolve(1, backend_->record(Lane::kDown));
-  } else {
-    gate_->resolve(1, nullptr);
-  }
-  gate_.reset();
-}
-
-void Engine::cancel_early_buckets() {
-  if (gate_) gate_->resolve(2, nullptr);
-  gate_.reset();
-  early_ = false;
-  early_buckets_ = 0;
-  bucket_early_.assign(buckets_.size(), 0);
 }
 
 size_t Engine::find_nonfinite(const zf_tensor* grads) const {
@@ -260,8 +260,11 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done
   try {
     run_step_unguarded(grads, lrs, stats_done);
     cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+  } catch (const std::bad_alloc&) {
+    cancel_early_buckets();
+    throw;
   } catch (const Error& e) {
-    cancel_early_buckets();  // a failed or skipped step: its early accumulates add nothing
+    cancel_early_buckets();  // a failed step: its early copies are never accumulated
     // A device that failed mid-step leaves the step half done: refuse further steps.
     if (e.status() == ZF_ERROR_CUDA && !sticky_) {
       sticky_ = true;
@@ -400,25 +403,17 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
     wait_job(slot_jobs_[slot], &stall_back_pressure_);
     slot_jobs_[slot].reset();
   }
-  // The job of the slot's last use waited for its copy down: the device slot is free too.
   for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
   backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
   const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
   backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
   backend_->copy_down(host_slot, device_slot, kSlotHeaderBytes + b.packed_bytes);
-  const Event copied = backend_->record(Lane::kDown);
-  const int acc = acc_current_;
-  Backend* backend = backend_.get();
-  slot_jobs_[slot] = lane_->submit_accumulate([&b, host_slot, acc, backend, copied](ThreadPool& pool) {
-    backend->host_wait(copied);
-    SlotHeader h;
-    std::memcpy(&h, host_slot, sizeof(h));
-    if (h.skip) return;
-    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
-  });
+  slot_copied_[slot] = backend_->record(Lane::kDown);
+  slot_jobs_[slot] = submit_slot_accumulate(b, slot, slot_copied_[slot]);
   bytes_down_ += static_cast<int64_t>(b.packed_bytes);
 }
 
