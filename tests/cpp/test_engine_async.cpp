@@ -330,3 +330,56 @@ TEST(EngineLaneOrdering, NonFiniteGradientIsFoundAfterItsStepAndSticks) {
 }
 
 }  // namespace
+
+namespace {
+
+// The device memory of docs/design.md section 7: the compact selected state (fp32 master,
+// m, v: 12 bytes per selected element, plus a step count per selected column), the dense
+// state, and a staging ring and upload buffer whose size depends on bucket_bytes and
+// staging_slots, never on the model's size.
+size_t device_bytes_for(int64_t matrices, int staging_slots, size_t bucket_bytes, zf_engine_stats* stats) {
+  Model model;
+  model.groups = {zf_engine_group{1e-3, 0.0, 0}};
+  for (int64_t i = 0; i < matrices; ++i) {
+    model.params.emplace_back(ZF_DTYPE_BF16, std::vector<int64_t>{128, 200});
+    model.param_groups.push_back(0);
+  }
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.1;  // k = 20 of 200
+  c.staging_slots = staging_slots;
+  c.bucket_bytes = bucket_bytes;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  engine.step(tensors_of(grads));
+  *stats = engine.stats();
+  return engine.device_memory_size();
+}
+
+TEST(EngineMemoryLayout, StagingIsARingOfSlotsWhateverTheModelSize) {
+  zf_engine_stats small{}, large{}, more_slots{};
+  const size_t bucket = 128 * 200 * 2;  // one matrix's bf16 gradient per bucket
+  const size_t bytes_small = device_bytes_for(4, 2, bucket, &small);
+  const size_t bytes_large = device_bytes_for(16, 2, bucket, &large);
+  const size_t bytes_more_slots = device_bytes_for(16, 4, bucket, &more_slots);
+  // Per matrix: master, m, v of 128 x 20 fp32 and 20 step counts, each 256-byte aligned.
+  const size_t per_matrix = 3 * 10240 + 256;
+  EXPECT_EQ(static_cast<size_t>(small.device_state_bytes), 4 * per_matrix);
+  EXPECT_EQ(static_cast<size_t>(large.device_state_bytes), 16 * per_matrix);
+  // What is not state (ring, upload buffer, selections, column sums, scalars) grows with the
+  // model only by the selections and the column sums (4 bytes per column each at most).
+  const size_t other_small = bytes_small - static_cast<size_t>(small.device_state_bytes);
+  const size_t other_large = bytes_large - static_cast<size_t>(large.device_state_bytes);
+  EXPECT_LE(other_large - other_small, 12 * (200 * 4 + 256));
+  // Two more slots cost two slots (header and alignment included), nothing else.
+  const size_t slot = (256 + bucket + 255) / 256 * 256;
+  EXPECT_EQ(bytes_more_slots - bytes_large, 2 * slot);
+  // stats() reports the same, and the pinned ring and upload copy on the host side.
+  EXPECT_EQ(static_cast<size_t>(large.device_bytes), bytes_large);
+  EXPECT_GE(static_cast<size_t>(large.pinned_host_bytes), 2 * slot + 16 * 128 * 200 * 2);
+  // About 1.2 bytes per bf16 parameter of state at r = 0.1, as section 7 says.
+  const double per_param = static_cast<double>(large.device_state_bytes) / (16.0 * 128 * 200);
+  EXPECT_GT(per_param, 1.2);
+  EXPECT_LT(per_param, 1.3);
+}
+
+}  // namespace

@@ -381,6 +381,8 @@ class Engine {
   void attach_device_memory(void* memory, size_t bytes) {
     check(zf_engine_attach_device_memory(engine_, memory, bytes));
   }
+  // CUDA backend: the compute stream of later calls (a cudaStream_t; nullptr = default).
+  void set_stream(zf_stream stream) { check(zf_engine_set_stream(engine_, stream)); }
 
   // lrs empty: each group's own lr.
   void step(const std::vector<zf_tensor>& grads, const std::vector<double>& lrs = {}) {
