@@ -224,7 +224,13 @@ class CudaBackend final : public Backend {
   }
 
   bool host_visible() const override { return false; }
-  void set_stream(zf_stream stream) override { compute_ = stream; }
+  void set_stream(zf_stream stream) override {
+    if (stream == compute_) return;
+    // The engine's device state was last written on the old stream: the new one starts after it.
+    const Event last = record(Lane::kCompute);
+    compute_ = stream;
+    wait(Lane::kCompute, last);
+  }
 
   void* allocate_device(size_t bytes) override {
     const ScopedDevice guard(device_);

@@ -383,3 +383,23 @@ TEST(EngineMemoryLayout, StagingIsARingOfSlotsWhateverTheModelSize) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(EngineStreams, TheHostBackendTakesOnlyTheNullStream) {
+  Model model = standard_model();
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, zf_engine_test::test_config());
+  engine.set_stream(nullptr);
+  int not_a_stream = 0;
+  try {
+    engine.set_stream(&not_a_stream);
+    FAIL() << "a stream was accepted by the host backend";
+  } catch (const zenflow::Error& e) {
+    EXPECT_EQ(e.status(), ZF_ERROR_INVALID_VALUE);
+    EXPECT_NE(std::string(e.what()).find("stream"), std::string::npos) << e.what();
+  }
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  engine.step(tensors_of(grads));  // still usable: the refusal changed nothing
+}
+
+}  // namespace

@@ -337,6 +337,7 @@ void Engine::attach_device_memory(void* memory, size_t bytes) {
 
 void Engine::on_device_memory() {
   backend_->fill_device_zero(device_, device_bytes_);
+  backend_->synchronize();  // once: whatever stream the first step runs on sees zeroed memory
   for (zf_tensor& t : col_sq_tensors_) t.data = device_ + col_sq_offset_ + reinterpret_cast<uintptr_t>(t.data);
 }
 
