@@ -40,7 +40,10 @@ class SimulatedEvent final : public zf::BackendEvent {
 // when they run.
 class SimulatedAsyncBackend final : public zf::Backend {
  public:
-  SimulatedAsyncBackend(uint64_t seed, int eagerness_percent) : host_(1), rng_(seed), eagerness_(eagerness_percent) {}
+  // eagerness_percent: the chance that an enqueue lets the device run a few items.
+  // slow_copies: the copy lanes run only when the compute lane cannot (copies lag behind).
+  SimulatedAsyncBackend(uint64_t seed, int eagerness_percent, bool slow_copies = false)
+      : host_(1), rng_(seed), eagerness_(eagerness_percent), slow_copies_(slow_copies) {}
   ~SimulatedAsyncBackend() override {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     for (auto& lane : lanes_) lane.clear();  // the engine is gone: nothing will wait any more
@@ -169,7 +172,8 @@ class SimulatedAsyncBackend final : public zf::Backend {
       runnable[count++] = l;
     }
     if (count == 0) return false;
-    const int lane = runnable[rng_() % static_cast<uint64_t>(count)];
+    int lane = runnable[rng_() % static_cast<uint64_t>(count)];
+    if (slow_copies_ && runnable[0] == static_cast<int>(zf::Lane::kCompute)) lane = runnable[0];
     Item item = std::move(lanes_[lane].front());
     lanes_[lane].pop_front();
     if (item.work) item.work();
@@ -182,12 +186,14 @@ class SimulatedAsyncBackend final : public zf::Backend {
   std::deque<Item> lanes_[3];
   std::mt19937_64 rng_;
   int eagerness_;
+  bool slow_copies_;
 };
 
 struct RunOptions {
   bool simulated = false;
   uint64_t seed = 0;
   int eagerness = 30;
+  bool slow_copies = false;
   bool overlap = true;
   bool split = false;
   bool fp16_overflow = false;
@@ -212,7 +218,8 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     c.growth_interval = 3;
   }
   zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
-  if (o.simulated) zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness));
+  if (o.simulated)
+    zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies));
   std::vector<std::vector<HostTensor>> out;
   std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
   for (int64_t t = 1; t <= 13; ++t) {
@@ -279,6 +286,7 @@ TEST_P(EngineLaneOrdering, AnyInterleavingMatchesTheHostBackendBitForBit) {
     for (int eagerness : {0, 30, 100}) {
       o.seed = seed;
       o.eagerness = eagerness;
+      o.slow_copies = seed % 2 == 0;
       const auto simulated = trajectory(o);
       expect_same(reference, simulated, "simulated asynchronous backend");
     }
@@ -400,6 +408,47 @@ TEST(EngineStreams, TheHostBackendTakesOnlyTheNullStream) {
   }
   std::vector<HostTensor> grads = make_grads(model, 1);
   engine.step(tensors_of(grads));  // still usable: the refusal changed nothing
+}
+
+}  // namespace
+
+namespace {
+
+// The same, with no synchronisation between steps: the non-finite step's scalars must reach
+// the host although the next step rewrites them on the device, in any interleaving.
+TEST(EngineLaneOrdering, NonFiniteGradientIsFoundWhenTheNextStepRewritesTheScalars) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    Model model = standard_model(ZF_DTYPE_F32, 3);
+    zf_engine_config c = zf_engine_test::test_config();
+    // With everything on the device nothing waits for the down lane until the scalar ring is
+    // full, so a lazy device with slow copies runs later steps' kernels before this copy.
+    c.topk_ratio = seed <= 4 ? 1.0 : 0.3;
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+    zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(
+                                               seed, seed <= 4 ? 0 : 20 * (seed % 4), seed <= 4 || seed % 2 == 1));
+    std::deque<std::vector<HostTensor>> alive;
+    bool raised = false;
+    for (int64_t t = 1; t <= 12 && !raised; ++t) {
+      alive.push_back(make_grads(model, t));
+      if (t == 2) alive.back()[0].set(2, NAN);
+      try {
+        engine.step(tensors_of(alive.back()));
+      } catch (const zenflow::Error& e) {
+        raised = true;
+        EXPECT_NE(std::string(e.what()).find("step 2"), std::string::npos) << e.what();
+      }
+    }
+    if (!raised) {
+      try {
+        engine.flush();
+      } catch (const zenflow::Error& e) {
+        raised = true;
+        EXPECT_NE(std::string(e.what()).find("step 2"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_TRUE(raised) << "seed " << seed << ": the non-finite step 2 was never reported";
+    zf::testing::synchronize_backend(engine.get());
+  }
 }
 
 }  // namespace

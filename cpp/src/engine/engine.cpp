@@ -289,6 +289,7 @@ void Engine::setup_buckets_and_memory() {
   }
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
+  scalar_ring_offset_ = take(kScalarRecords * sizeof(StepScalars));
   flags_offset_ = take(std::max<size_t>(1, params_.size()) * 4);  // one per statistics pass, at its first parameter
   total_sink_offset_ = take(4);
   chunk_sums_offset_ =

@@ -180,7 +180,7 @@ class Engine {
   size_t device_bytes_ = 0, staging_offset_ = 0, slot_stride_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0,
          device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, scalars_offset_ = 0,
          stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
-         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0;
+         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0;
   uint8_t* device_ = nullptr;
   bool device_owned_ = false;
   bool initialized_ = false;

@@ -216,9 +216,14 @@ void Engine::record_scalars_for_later() {
   if (pending_scalars_.size() == kScalarRecords) consume_scalars(1);
   const size_t record = next_record_;
   next_record_ = (next_record_ + 1) % kScalarRecords;
+  // Through a device ring entry: the next step rewrites the scalars on the compute lane
+  // while this copy may still wait on the down lane; the entry is reused only after its copy
+  // was consumed above.
+  uint8_t* entry = device_ + scalar_ring_offset_ + record * sizeof(StepScalars);
+  backend_->copy_device(entry, device_ + scalars_offset_, sizeof(StepScalars));
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   auto* host = reinterpret_cast<StepScalars*>(scalar_records_.data()) + record;
-  backend_->copy_down(host, device_ + scalars_offset_, sizeof(StepScalars));
+  backend_->copy_down(host, entry, sizeof(StepScalars));
   pending_scalars_.push_back(PendingScalars{record, backend_->record(Lane::kDown), schedule_.step() + 1});
 }
 
