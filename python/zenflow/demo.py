@@ -473,9 +473,8 @@ def run_one(name: str, config: DemoConfig, ids: dict, start: dict, bandwidth: fl
     step_seconds = statistics.median(timed)
     stall = 0.0
     bytes_down = bytes_up = 0.0
-    state_bytes = (
-        2 * model_bytes
-    )  # torch.optim.AdamW: exp_avg and exp_avg_sq, the parameters' dtype
+    # torch.optim.AdamW: exp_avg and exp_avg_sq, in the parameters' dtype
+    state_bytes = 2 * model_bytes
     if stats is not None:
         stall = stall_seconds(stats) / steps
         bytes_down, bytes_up = stats["bytes_down"] / steps, stats["bytes_up"] / steps
