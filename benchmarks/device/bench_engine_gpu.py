@@ -27,7 +27,7 @@ printed PASS or MISS (no asserts):
   zenflow at least 80% of the no-offload step rate, using at most 35% of its peak GPU memory.
 
     python benchmarks/device/bench_engine_gpu.py [--hidden 4096] [--layers 60]
-        [--tokens 8192] [--segments 10] [--steps 8] [--warmup 3] [--out FILE.json]
+        [--tokens 8192] [--segments 10] [--steps 6] [--warmup 2] [--out FILE.json]
 
 GPU only: without a GPU (or without a CUDA build of zenflow) it prints why and exits 0.
 """
@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=60, help="60 x 4096^2: about 1.0B parameters")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per step (rows of x)")
     parser.add_argument("--segments", type=int, default=10, help="activation checkpoint segments")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per row")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument(

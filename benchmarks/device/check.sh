@@ -109,9 +109,9 @@ if part engine; then
   [[ -f $OUT/$STAMP-engine-gpu.json ]] &&
     "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["table"])' "$OUT/$STAMP-engine-gpu.json"
   # The demo's largest preset ("large"; there is no ~1B preset: bench_engine_gpu.py is the
-  # 1B run), 60 steps per run: pretraining, the tokenizer and three runs fit in its limit.
+  # 1B run), 40 steps per run: pretraining, the tokenizer and three runs fit in its limit.
   if "$PYTHON" -c "import tokenizers, matplotlib" >/dev/null 2>&1; then
-    run "demo --device cuda" 120 "$PYTHON" -m zenflow demo --device cuda --model-size large --steps 60 \
+    run "demo --device cuda" 120 "$PYTHON" -m zenflow demo --device cuda --model-size large --steps 40 \
       --no-progress --out "$OUT/$STAMP-demo-cuda" --cache "$BUILD/demo-cache"
     [[ -f $OUT/$STAMP-demo-cuda/table.md ]] && cat "$OUT/$STAMP-demo-cuda/table.md"
   else
