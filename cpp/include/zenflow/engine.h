@@ -6,10 +6,21 @@
  * columns in the background; the result is uploaded one window later (overlap on) or at
  * once (overlap off).
  *
- * Backends. This build has the host backend: every parameter and gradient is a CPU tensor,
- * the "device" ops run on the calling thread (on a compute pool of the engine's), copies
- * are memcpy and events are completion flags. A CUDA backend maps the same state machine
- * onto streams and events later; this header does not change for it.
+ * Backends. The parameters' device chooses it; all parameters are on one device.
+ *  - Host backend (CPU tensors): the "device" ops run on the calling thread (on a compute
+ *    pool of the engine's), copies are memcpy, every call is complete when it returns.
+ *  - CUDA backend (CUDA tensors, in a build with CUDA): the device ops run on the compute
+ *    stream (zf_engine_set_stream; the caller's), copies down and up on two streams of the
+ *    engine's, ordered by CUDA events; the host lane waits for a slot's copy with an event.
+ *    The staging ring, the upload copy U and the scalar records are page-locked; the fp32
+ *    host state and the accumulators are ordinary memory. The calls return without waiting
+ *    for the device, except: a window close whose host update is still running, a staging
+ *    slot the host has not consumed (back-pressure), flush / selection / save / load, and,
+ *    with dynamic loss scaling, update_interval "auto" or selection_score "window", the
+ *    step's statistics (stats().stall_seconds_readback). Without loss scaling, a non-finite
+ *    gradient is found after its step: the step wrote nothing, and the next call fails
+ *    with a sticky error. A failed CUDA call is a sticky error with the CUDA error text.
+ *    Results are bitwise those of the host backend for the same inputs.
  *
  * Parameters. Each parameter is a contiguous tensor (f32, bf16 or f16) updated in place;
  * the caller keeps it alive, at the same address, until zf_engine_destroy. A parameter
@@ -140,6 +151,15 @@ ZF_API zf_status zf_engine_device_memory_size(const zf_engine* engine, size_t* b
 ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory, size_t bytes);
 
 /*
+ * The compute stream (CUDA backend): every later call enqueues its device work on `stream`
+ * (a cudaStream_t; NULL = the legacy default stream) until the next zf_engine_set_stream.
+ * The engine's copies run on two streams of its own and are ordered against this one by
+ * events; the training thread is never synchronised with it except where stats() counts a
+ * stall. The host backend accepts only NULL.
+ */
+ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream);
+
+/*
  * One optimizer step. grads: param_count tensors (grads[i] of params[i]'s shape and dtype,
  * contiguous, on its device), read during the call only. lrs: NULL (each group's lr), or
  * lr_count == group_count learning rates for this step. Gradients are "raw": multiplied by
@@ -190,6 +210,10 @@ typedef struct zf_engine_stats {
   double selected_fraction;           /* sum k / sum n over matrices (current selection) */
   int64_t device_state_bytes;         /* compact selected state + dense state */
   int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring */
+  double stall_seconds_readback;      /* waiting for the step's statistics (CUDA: dynamic loss scaling,
+                                         update_interval "auto", selection_score "window") */
+  int64_t device_bytes;               /* device memory the engine uses (zf_engine_device_memory_size) */
+  int64_t pinned_host_bytes;          /* staging ring, upload copy U, scalar records (page-locked on CUDA) */
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);

@@ -14,6 +14,8 @@
 
 namespace zf {
 
+class Backend;  // engine/backend.hpp
+
 // Everything one zf_adamw_selected_columns call needs, validated.
 struct AdamwSelectedArgs {
   const zf_tensor* params;
@@ -49,6 +51,8 @@ struct CudaOps {
                                     const zf_column_state* old_state, const zf_column_state* new_state,
                                     const zf_column_state* entering, const zf_column_state* leaving, size_t count,
                                     void* workspace, size_t workspace_bytes, zf_stream stream) = nullptr;
+  // The engine's CUDA backend for a device (cuda/engine/cuda_backend.cu); the caller owns it.
+  Backend* (*make_engine_backend)(int device, int host_threads) = nullptr;
 };
 
 // The table; registrars write it during static initialisation, ops read it afterwards.

@@ -1,59 +1,134 @@
-// The engine's backend interface (docs/design.md section 7): the "device" ops of the compute
-// lane, the down / up / device copies, and the device memory. The state machine
-// (engine.cpp) calls only this interface for device-side work, so a CUDA backend (streams,
-// events, pinned buffers) is added beside the host backend without touching it.
+// The engine's backend interface (docs/design.md section 7): the device ops of the compute
+// lane, the down / up / device copies, the events that order the lanes, and the memory.
+// The state machine (engine.cpp, step.cpp, selection.cpp, checkpoint.cpp) reaches device
+// memory only through this interface, and orders every hand-over between lanes with an
+// explicit record / wait, so one state machine runs on every backend:
 //
-// Lanes and ordering. On the host backend every call completes before it returns (compute
-// runs on the calling thread and the compute pool, copies are memcpy), so the events of
-// the CUDA design (slot packed -> copied down, upload copied -> scattered) are complete as
-// soon as they are recorded; the host lane's completion flags (WorkJob) order the rest.
+//   HostBackend   the "device" is the CPU: every call completes before it returns, events
+//                 are always complete (nullptr), device memory is host memory.
+//   CudaBackend   compute on the caller's stream, copies on two streams of the engine's,
+//                 events are CUDA events (cuda_backend.cpp; CUDA builds only).
+//   the simulated asynchronous backend of the tests, which runs each lane's work lazily and
+//   in a random interleaving, so a missing record / wait changes the results.
+//
+// Work on one lane runs in the order it is enqueued; work on two lanes is unordered unless an
+// event orders it. Host memory given to copy_down / copy_up must stay untouched until the
+// copy's event completes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
+#include "common/step_scalars.hpp"
+#include "common/thread_pool.hpp"
 #include "ops/adamw_selected_plan.hpp"
 #include "ops/column_stats_plan.hpp"
 #include "ops/pack_plan.hpp"
-#include "ops/select_topk_plan.hpp"
 #include "zenflow/optim.h"
 
 namespace zf {
+
+// A point on a lane: complete once everything enqueued on the lane before it has completed.
+// nullptr is an event that is already complete.
+class BackendEvent {
+ public:
+  virtual ~BackendEvent() = default;
+};
+using Event = std::shared_ptr<BackendEvent>;
+
+enum class Lane { kCompute = 0, kDown = 1, kUp = 2 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
 
   // ---- compute lane ----
-  // Statistics of this step's raw gradients; *total_sq and *nonfinite are read by the
-  // host right after (on CUDA: after the small copy of the two scalars).
-  virtual void column_stats(ColumnStatsPlan& plan, const void* const* grads, float* const* col_sq, float* total_sq,
-                            int32_t* nonfinite) = 0;
-  virtual void select_topk(const SelectTopkPlan& plan, const float* const* scores, int32_t* const* indices) = 0;
-  virtual void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers, float grad_scale) = 0;
-  // packed <- raw G[:, unselected] (the host lane applies the scale); params[:, unselected] <- packed.
-  virtual void pack(const PackPlan& plan, void* const* grads, const int32_t* const* selected, void* packed) = 0;
-  virtual void scatter(const PackPlan& plan, void* const* params, const int32_t* const* selected,
+  // Device workspace column_stats needs for these shapes (the gradients have the parameters').
+  virtual size_t column_stats_workspace_bytes(const zf_tensor* params, size_t count) = 0;
+  // col_sq[i] <- column sums of squares of grads[i]; *nonfinite <- 1 if an element is Inf or
+  // NaN, else 0; *total_sq <- the pass's total (unused by the engine: see step_scalars).
+  virtual void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                            int32_t* nonfinite, void* workspace, size_t workspace_bytes) = 0;
+  // The step's scalars (step_scalars.hpp): total_sq from the `columns` column sums at col_sq
+  // (chunk_sums: scratch of column_chunks(columns) doubles), nonfinite from the OR of
+  // flags[0, flag_count), then the gradient scale and the skip flag.
+  virtual void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                            int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) = 0;
+  // AdamW of the selected columns and the dense parameters; reads scalars->grad_scale and
+  // does nothing when scalars->skip is set. pointers[i].selected is device memory.
+  virtual void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
+                              const StepScalars* scalars) = 0;
+  // packed <- raw G[:, unselected] (matrices: the gradients), or W[:, unselected] <- packed
+  // (matrices: the parameters). selected[i]: device memory, nullptr when k_i == 0.
+  virtual void pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) = 0;
+  virtual void scatter(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected,
                        const void* packed) = 0;
-  // The device side of a selection change, one matrix (zf_exchange_selected_columns).
-  virtual void exchange(const zf_tensor& old_selected, const zf_tensor& new_selected, const zf_column_state& old_state,
-                        const zf_column_state& new_state, const zf_column_state& entering,
-                        const zf_column_state& leaving) = 0;
+  virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_device_zero(void* device, size_t bytes) = 0;
 
-  // ---- copies ----
+  // ---- copy lanes ----
   virtual void copy_down(void* host, const void* device, size_t bytes) = 0;  // down lane
   virtual void copy_up(void* device, const void* host, size_t bytes) = 0;    // up lane
-  virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;    // compute lane
-  virtual void fill_device_zero(void* device, size_t bytes) = 0;
-  // Waits for every lane of the backend (the host lane excluded).
-  virtual void synchronize() = 0;
 
-  // ---- memory ----
-  // Device memory of `bytes` owned by the backend, for callers that attach none (host
-  // backend only; the CUDA backend requires the caller's).
-  virtual void* allocate_device(size_t bytes) = 0;
+  // ---- events ----
+  virtual Event record(Lane lane) = 0;
+  virtual void wait(Lane lane, const Event& event) = 0;  // the lane waits; the caller does not
+  // Blocks the calling thread (training thread or host lane) until the event completes;
+  // throws zf::Error with the device's error text if the device failed.
+  virtual void host_wait(const Event& event) = 0;
+  virtual bool done(const Event& event) = 0;
+  virtual void synchronize() = 0;  // every lane of the backend (the host lane excluded)
+
+  // ---- memory and placement ----
+  // true: device memory is host memory (the host backend); the engine reads it in place.
+  virtual bool host_visible() const = 0;
+  // The compute lane: the caller's stream (CUDA); the host backend accepts only nullptr.
+  virtual void set_stream(zf_stream stream) = 0;
+  virtual void* allocate_device(size_t bytes) = 0;  // when the caller attaches none
   virtual void free_device(void* memory) = 0;
+  // Host memory a copy lane reads or writes (page-locked on CUDA).
+  virtual void* allocate_pinned(size_t bytes) = 0;
+  virtual void free_pinned(void* memory) = 0;
+  // Host-side work of the compute lane's thread (top-k, the exchange, initialisation).
+  virtual ThreadPool& host_pool() = 0;
   virtual zf_device device() const = 0;
 };
+
+// Host memory from Backend::allocate_pinned, freed with it.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(Backend* backend, size_t bytes)
+      : backend_(backend),
+        data_(bytes > 0 ? static_cast<uint8_t*>(backend->allocate_pinned(bytes)) : nullptr),
+        bytes_(bytes) {}
+  ~PinnedBuffer() {
+    if (data_ != nullptr) backend_->free_pinned(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& other) noexcept { swap(other); }
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    PinnedBuffer moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void swap(PinnedBuffer& other) noexcept {
+    std::swap(backend_, other.backend_);
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+  }
+  Backend* backend_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The CUDA backend for `device`, in a build with CUDA (NOT_SUPPORTED otherwise).
+std::unique_ptr<Backend> make_cuda_backend(int device, int host_threads);
 
 }  // namespace zf

@@ -81,8 +81,19 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
   poll_host_lane();
   initialize_state();
   flush_internal();
+  // The device state, read on the host: in place (host backend) or from a copy.
+  std::vector<uint8_t> mirror;
+  if (!backend_->host_visible()) {
+    mirror.resize(device_state_bytes_);
+    download(mirror.data(), device_, device_state_bytes_);
+  }
+  const uint8_t* state = backend_->host_visible() ? device_ : mirror.data();
+  auto state_float = [state](size_t offset) { return reinterpret_cast<const float*>(state + offset); };
+  auto state_int = [state](size_t offset) { return reinterpret_cast<const int32_t*>(state + offset); };
   size_t e = 0;
   for (const Param& p : params_) {
+    const std::vector<uint8_t> weights_copy = download_param(static_cast<size_t>(&p - params_.data()));
+    const void* weights = weights_copy.empty() ? p.tensor.data : weights_copy.data();
     float* master = static_cast<float*>(buffers[e].data);
     float* exp_avg = static_cast<float*>(buffers[e + 1].data);
     float* exp_avg_sq = static_cast<float*>(buffers[e + 2].data);
@@ -90,10 +101,10 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
     if (!p.matrix) {
       const Dense& d = dense_[p.index];
       for (int64_t i = 0; i < p.numel; ++i)
-        master[i] = d.has_master ? device_float(d.dev_master)[i] : widen(p.tensor.data, p.tensor.dtype, i);
-      std::memcpy(exp_avg, device_float(d.dev_exp_avg), static_cast<size_t>(p.numel) * 4);
-      std::memcpy(exp_avg_sq, device_float(d.dev_exp_avg_sq), static_cast<size_t>(p.numel) * 4);
-      steps[0] = device_int(d.dev_steps)[0];
+        master[i] = d.has_master ? state_float(d.dev_master)[i] : widen(weights, p.tensor.dtype, i);
+      std::memcpy(exp_avg, state_float(d.dev_exp_avg), static_cast<size_t>(p.numel) * 4);
+      std::memcpy(exp_avg_sq, state_float(d.dev_exp_avg_sq), static_cast<size_t>(p.numel) * 4);
+      steps[0] = state_int(d.dev_steps)[0];
       e += 4;
       continue;
     }
@@ -111,11 +122,11 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
       const int64_t j = m.selected[c];
       for (int64_t r = 0; r < rows; ++r) {
         master[r * cols + j] =
-            m.has_master ? device_float(m.dev_master)[r * k + c] : widen(p.tensor.data, p.tensor.dtype, r * cols + j);
-        exp_avg[r * cols + j] = device_float(m.dev_exp_avg)[r * k + c];
-        exp_avg_sq[r * cols + j] = device_float(m.dev_exp_avg_sq)[r * k + c];
+            m.has_master ? state_float(m.dev_master)[r * k + c] : widen(weights, p.tensor.dtype, r * cols + j);
+        exp_avg[r * cols + j] = state_float(m.dev_exp_avg)[r * k + c];
+        exp_avg_sq[r * cols + j] = state_float(m.dev_exp_avg_sq)[r * k + c];
       }
-      steps[j] = device_int(m.dev_steps)[c];
+      steps[j] = state_int(m.dev_steps)[c];
     }
     std::copy(m.selected.begin(), m.selected.end(), static_cast<int32_t*>(buffers[e + 4].data));
     std::copy(m.window_score.begin(), m.window_score.end(), static_cast<float*>(buffers[e + 5].data));
@@ -191,9 +202,21 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     }
     inflight_.reset();
   }
+  backend_->synchronize();  // nothing in flight reads or writes the device state below
+  pending_scalars_.clear();
+  slot_copied_.assign(slot_copied_.size(), nullptr);
+  last_scatter_.reset();
+  uploads_done_.reset();
   ensure_device_memory();
   initialized_ = true;
   schedule_.load(counters);
+  // The device state is written on the host: in place (host backend) or into a copy that
+  // goes up at the end.
+  std::vector<uint8_t> mirror;
+  if (!backend_->host_visible()) mirror.assign(device_state_bytes_, 0);
+  uint8_t* state = backend_->host_visible() ? device_ : mirror.data();
+  auto state_float = [state](size_t offset) { return reinterpret_cast<float*>(state + offset); };
+  auto state_int = [state](size_t offset) { return reinterpret_cast<int32_t*>(state + offset); };
   bool reselect = false;
   size_t e = 0;
   for (const Param& p : params_) {
@@ -203,10 +226,10 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     const auto* steps = static_cast<const int32_t*>(buffers[e + 3].data);
     if (!p.matrix) {
       const Dense& d = dense_[p.index];
-      if (d.has_master) std::memcpy(device_float(d.dev_master), master, static_cast<size_t>(p.numel) * 4);
-      std::memcpy(device_float(d.dev_exp_avg), exp_avg, static_cast<size_t>(p.numel) * 4);
-      std::memcpy(device_float(d.dev_exp_avg_sq), exp_avg_sq, static_cast<size_t>(p.numel) * 4);
-      device_int(d.dev_steps)[0] = steps[0];
+      if (d.has_master) std::memcpy(state_float(d.dev_master), master, static_cast<size_t>(p.numel) * 4);
+      std::memcpy(state_float(d.dev_exp_avg), exp_avg, static_cast<size_t>(p.numel) * 4);
+      std::memcpy(state_float(d.dev_exp_avg_sq), exp_avg_sq, static_cast<size_t>(p.numel) * 4);
+      state_int(d.dev_steps)[0] = steps[0];
       e += 4;
       continue;
     }
@@ -232,11 +255,11 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
       for (int64_t c = 0; c < k; ++c) {
         const int64_t j = m.selected[c];
         for (int64_t r = 0; r < rows; ++r) {
-          if (m.has_master) device_float(m.dev_master)[r * k + c] = master[r * cols + j];
-          device_float(m.dev_exp_avg)[r * k + c] = exp_avg[r * cols + j];
-          device_float(m.dev_exp_avg_sq)[r * k + c] = exp_avg_sq[r * cols + j];
+          if (m.has_master) state_float(m.dev_master)[r * k + c] = master[r * cols + j];
+          state_float(m.dev_exp_avg)[r * k + c] = exp_avg[r * cols + j];
+          state_float(m.dev_exp_avg_sq)[r * k + c] = exp_avg_sq[r * cols + j];
         }
-        device_int(m.dev_steps)[c] = steps[j];
+        state_int(m.dev_steps)[c] = steps[j];
       }
     } else {
       // The saved selection does not fit this engine (another topk_ratio): the whole state
@@ -248,6 +271,8 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
     e += 7;
   }
+  if (!mirror.empty()) upload(device_, mirror.data(), device_state_bytes_);
+  for (Matrix& m : matrices_) upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
   if (reselect) schedule_.force_selection();
   growth_tracker_ = counters[ZF_COUNTER_GROWTH_TRACKER];
   skipped_steps_ = counters[ZF_COUNTER_SKIPPED];

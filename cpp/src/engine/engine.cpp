@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/device_ops.hpp"
 #include "common/error.hpp"
 #include "common/float_convert.hpp"
 #include "common/matrix_view.hpp"
@@ -115,8 +116,13 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   for (size_t i = 0; i < param_count; ++i) {
     const ArgName name("params", i);
     check_descriptor(&params[i], name);
-    require(params[i].device.type == ZF_DEVICE_CPU, ZF_ERROR_NOT_SUPPORTED, name,
-            ": a CUDA parameter needs the engine's CUDA backend, which this build does not have");
+    if (i == 0) check_device_compiled(params[0].device, name);
+    require(params[i].device.type == params[0].device.type && params[i].device.index == params[0].device.index,
+            ZF_ERROR_INVALID_VALUE, name, ": on ",
+            params[i].device.type == ZF_DEVICE_CUDA ? "cuda:" : "cpu:", params[i].device.index,
+            " while params[0] is on ",
+            params[0].device.type == ZF_DEVICE_CUDA ? "cuda:" : "cpu:", params[0].device.index,
+            " (one engine drives the parameters of one device)");
     check_dtype(params[i], name, {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
     check_contiguous(params[i], name);
     require(numel(params[i]) > 0, ZF_ERROR_INVALID_VALUE, name, ": has no elements");
@@ -151,13 +157,55 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   last_lr_.resize(group_count);
   for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
+  create_backend(compute_threads_);
   setup_buckets_and_memory();
-  backend_ = std::make_unique<HostBackend>(compute_threads_);
   lane_ = std::make_unique<HostLane>(host_threads);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, int host_threads) {
+  Backend* (*factory)(int, int) = cuda_ops().make_engine_backend;
+  require(factory != nullptr, ZF_ERROR_NOT_SUPPORTED,
+          "params: CUDA tensors need the engine's CUDA backend, which this build of zenflow does not have");
+  return std::unique_ptr<Backend>(factory(device, host_threads));
+}
+
+void Engine::create_backend(int compute_threads) {
+  const bool cuda = !params_.empty() && params_[0].tensor.device.type == ZF_DEVICE_CUDA;
+  if (cuda) {
+    backend_ = make_cuda_backend(params_[0].tensor.device.index, compute_threads);
+  } else {
+    backend_ = std::make_unique<HostBackend>(compute_threads);
+  }
+}
+
+void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
+  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+          "the backend is replaced before the first step, with no device memory attached");
+  const int lane_threads = lane_->threads();
+  lane_.reset();  // no job refers to the old buffers
+  host_slots_ = PinnedBuffer();
+  upload_ = PinnedBuffer();
+  scalar_records_ = PinnedBuffer();
+  backend_ = std::move(backend);
+  buckets_.clear();
+  setup_buckets_and_memory();
+  lane_ = std::make_unique<HostLane>(lane_threads);
 }
 
 Engine::~Engine() {
   lane_.reset();  // joins the host lane first: no job touches the buffers below any more
+  try {
+    backend_->synchronize();  // no copy still reads or writes the buffers freed below
+  } catch (const std::exception&) {
+    // A failed device: nothing will run any more; free what is ours.
+  }
+  pending_scalars_.clear();
+  slot_copied_.clear();
+  last_scatter_.reset();
+  uploads_done_.reset();
+  host_slots_ = PinnedBuffer();
+  upload_ = PinnedBuffer();
+  scalar_records_ = PinnedBuffer();
   if (device_owned_ && device_ != nullptr) backend_->free_device(device_);
 }
 
@@ -168,6 +216,7 @@ void Engine::setup_buckets_and_memory() {
   // Buckets: consecutive matrices of one dtype, at most bucket_bytes of packed gradient with
   // nothing selected (the largest a bucket gets); a larger matrix is a bucket of its own.
   size_t upload_bytes = 0;
+  slot_bytes_ = 0;
   for (size_t i = 0; i < matrices_.size(); ++i) {
     Matrix& m = matrices_[i];
     const zf_dtype dtype = params_[m.param].tensor.dtype;
@@ -194,13 +243,12 @@ void Engine::setup_buckets_and_memory() {
     m.acc[0].resize(elements);
     m.acc[1].resize(elements);
     m.steps.resize(static_cast<size_t>(m.cols));
-    m.col_sq.resize(static_cast<size_t>(m.cols));
     m.window_score.resize(2 * static_cast<size_t>(m.cols));
   }
-  for (Dense& d : dense_) d.col_sq.resize(static_cast<size_t>(params_[d.param].cols));
-  // Device memory: compact state per matrix, dense state, one matrix's exchange scratch,
-  // the staging ring, one upload bucket.
-  size_t offset = 0, scratch = 0;
+  // Device memory: compact state per matrix, dense state, the selections, the column sums
+  // of every parameter, the step scalars, the statistics workspace, the staging ring, one
+  // upload bucket.
+  size_t offset = 0;
   auto take = [&offset](size_t bytes) {
     const size_t at = offset;
     offset += align256(bytes);
@@ -214,7 +262,6 @@ void Engine::setup_buckets_and_memory() {
     m.dev_exp_avg_sq = take(floats);
     m.dev_steps = take(static_cast<size_t>(m.k) * 4);
     m.compact_bytes = offset - start;
-    scratch = std::max(scratch, m.compact_bytes);
   }
   for (Dense& d : dense_) {
     const Param& p = params_[d.param];
@@ -225,14 +272,56 @@ void Engine::setup_buckets_and_memory() {
     d.dev_steps = take(4);  // one count: the update sees a dense parameter as [numel, 1]
   }
   device_state_bytes_ = offset;
-  scratch_offset_ = take(scratch);
+  size_t selected_ints = 0;
+  for (Matrix& m : matrices_) {
+    m.dev_selected = selected_ints * 4;  // relative to selected_offset_
+    selected_ints += static_cast<size_t>(m.k);
+  }
+  selected_bytes_ = selected_ints * 4;
+  selected_offset_ = take(selected_bytes_);
+  for (Matrix& m : matrices_) m.dev_selected += selected_offset_;
+  col_sq_floats_ = 0;
+  std::vector<size_t> col_offsets(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    col_offsets[i] = col_sq_floats_;
+    col_sq_floats_ += static_cast<size_t>(params_[i].cols);
+    if (params_[i].matrix) matrices_[params_[i].index].col_offset = col_offsets[i];
+  }
+  col_sq_offset_ = take(col_sq_floats_ * 4);
+  scalars_offset_ = take(sizeof(StepScalars));
+  flags_offset_ = take(std::max<size_t>(1, params_.size()) * 4);  // one per statistics pass, at its first parameter
+  total_sink_offset_ = take(4);
+  chunk_sums_offset_ =
+      take(static_cast<size_t>(std::max<int64_t>(1, column_chunks(static_cast<int64_t>(col_sq_floats_)))) * 8);
+  {
+    std::vector<zf_tensor> tensors;
+    for (const Param& p : params_) tensors.push_back(p.tensor);
+    stats_workspace_bytes_ = backend_->column_stats_workspace_bytes(tensors.data(), tensors.size());
+  }
+  stats_workspace_offset_ = take(stats_workspace_bytes_);
   slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
   staging_offset_ = take(slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_buffer_offset_ = take(slot_bytes_);
   device_bytes_ = offset;
-  host_slots_.resize(slot_stride_ * static_cast<size_t>(config_.staging_slots));
-  upload_.resize(upload_bytes);
-  slot_jobs_.resize(static_cast<size_t>(config_.staging_slots));
+  host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  upload_bytes_ = upload_bytes;
+  upload_ = PinnedBuffer(backend_.get(), upload_bytes);
+  scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
+  col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
+  slot_jobs_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
+  slot_copied_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
+  // col_sq descriptors get their data pointers once the device memory exists
+  col_sq_tensors_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    zf_tensor t{};
+    t.dtype = ZF_DTYPE_F32;
+    t.device = params_[i].tensor.device;
+    t.ndim = 1;
+    t.shape[0] = params_[i].cols;
+    t.strides[0] = 1;
+    t.data = reinterpret_cast<void*>(col_offsets[i] * 4);  // an offset until then
+    col_sq_tensors_.push_back(t);
+  }
 }
 
 void Engine::attach_device_memory(void* memory, size_t bytes) {
@@ -243,14 +332,19 @@ void Engine::attach_device_memory(void* memory, size_t bytes) {
           " bytes zf_engine_device_memory_size asks for");
   require(reinterpret_cast<uintptr_t>(memory) % 256 == 0, ZF_ERROR_INVALID_VALUE, "memory: not 256-byte aligned");
   device_ = static_cast<uint8_t*>(memory);
+  on_device_memory();
+}
+
+void Engine::on_device_memory() {
   backend_->fill_device_zero(device_, device_bytes_);
+  for (zf_tensor& t : col_sq_tensors_) t.data = device_ + col_sq_offset_ + reinterpret_cast<uintptr_t>(t.data);
 }
 
 void Engine::ensure_device_memory() {
   if (device_ != nullptr || device_bytes_ == 0) return;
   device_ = static_cast<uint8_t*>(backend_->allocate_device(device_bytes_));
   device_owned_ = true;
-  backend_->fill_device_zero(device_, device_bytes_);
+  on_device_memory();
 }
 
 void Engine::initialize_state() {
@@ -262,18 +356,47 @@ void Engine::initialize_state() {
     PackedLayout layout;
     layout.add(m.rows, m.cols, 0);
     PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
-    void* param = params_[m.param].tensor.data;
+    std::vector<uint8_t> weights = download_param(m.param);
+    void* param = weights.empty() ? params_[m.param].tensor.data : weights.data();
     const int32_t* none = nullptr;
-    plan.run(static_cast<HostBackend&>(*backend_).pool(), &param, &none, m.master.data(), 1.0f, true);
+    plan.run(backend_->host_pool(), &param, &none, m.master.data(), 1.0f, true);
   }
   for (Dense& d : dense_) {
     if (!d.has_master) continue;
     const Param& p = params_[d.param];
-    float* master = device_float(d.dev_master);
-    for (int64_t i = 0; i < p.numel; ++i) master[i] = read_float(p.tensor.data, p.tensor.dtype, i);
+    std::vector<uint8_t> weights = download_param(d.param);
+    const void* source = weights.empty() ? p.tensor.data : weights.data();
+    std::vector<float> master(static_cast<size_t>(p.numel));
+    for (int64_t i = 0; i < p.numel; ++i) master[static_cast<size_t>(i)] = read_float(source, p.tensor.dtype, i);
+    upload(device_float(d.dev_master), master.data(), master.size() * 4);
   }
   rebuild_plans();
   initialized_ = true;
+}
+
+void Engine::download(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return;
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  backend_->copy_down(host, device, bytes);
+  backend_->host_wait(backend_->record(Lane::kDown));
+}
+
+void Engine::upload(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));  // after every earlier reader
+  backend_->copy_up(device, host, bytes);
+  const Event copied = backend_->record(Lane::kUp);
+  backend_->wait(Lane::kCompute, copied);  // before every later reader
+  backend_->host_wait(copied);             // `host` may go away
+}
+
+std::vector<uint8_t> Engine::download_param(size_t index) {
+  // The host backend reads parameters in place: an empty result says so.
+  if (backend_->host_visible()) return {};
+  const Param& p = params_[index];
+  std::vector<uint8_t> weights(static_cast<size_t>(p.numel) * zf_dtype_size(p.tensor.dtype));
+  download(weights.data(), p.tensor.data, weights.size());
+  return weights;
 }
 
 zf_column_state Engine::host_state(Matrix& m, bool with_master) {
@@ -308,12 +431,22 @@ void Engine::check_usable() const {
 }
 
 void Engine::poll_host_lane() {
-  // A failure of a finished job surfaces at the next call (docs/design.md section 7).
+  // A failure of a finished job, or a non-finite gradient found after its step on the
+  // device, surfaces at the next call (docs/design.md section 7).
+  check_usable();
   for (auto& job : slot_jobs_) {
     if (job && job->done()) wait_job(job, nullptr);
   }
   if (inflight_ && inflight_->done()) wait_job(inflight_, nullptr);
+  check_recorded_scalars(false);
   check_usable();
+}
+
+void Engine::fail_sticky(zf_status status, const std::string& message) {
+  sticky_ = true;
+  sticky_status_ = status;
+  sticky_message_ = message;
+  throw Error(status, message);
 }
 
 void Engine::wait_job(const std::shared_ptr<WorkJob>& job, double* stall) {

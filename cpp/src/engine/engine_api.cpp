@@ -106,6 +106,10 @@ ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory,
   return zf::api_call([&] { get(engine).attach_device_memory(memory, bytes); });
 }
 
+ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream) {
+  return zf::api_call([&] { get(engine).set_stream(stream); });
+}
+
 ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_t count, const double* lrs,
                                 size_t lr_count) {
   return zf::api_call([&] { get(engine).step(grads, count, lrs, lr_count); });
@@ -183,6 +187,10 @@ void inject_host_lane_fault(zf_engine* engine, const char* message) {
 }
 int compute_lane_threads(const zf_engine* engine) { return engine->engine.compute_threads(); }
 int host_lane_threads(const zf_engine* engine) { return engine->engine.host_threads(); }
+void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend) {
+  engine->engine.replace_backend_for_testing(std::move(backend));
+}
+void synchronize_backend(zf_engine* engine) { engine->engine.synchronize_backend(); }
 
 }  // namespace testing
 }  // namespace zf

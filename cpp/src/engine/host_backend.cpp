@@ -5,40 +5,52 @@
 #include <new>
 
 #include "common/error.hpp"
-#include "zenflow/pack.h"
 
 namespace zf {
 
 HostBackend::HostBackend(int compute_threads) : pool_(compute_threads) {}
 
-void HostBackend::column_stats(ColumnStatsPlan& plan, const void* const* grads, float* const* col_sq, float* total_sq,
-                               int32_t* nonfinite) {
-  plan.run(pool_, grads, col_sq, total_sq, nonfinite, false);
+void HostBackend::column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                               int32_t* nonfinite, void*, size_t) {
+  inputs_.resize(plan.size());
+  col_sq_.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    inputs_[i] = grads[i].data;
+    col_sq_[i] = static_cast<float*>(col_sq[i].data);
+  }
+  plan.run(pool_, inputs_.data(), col_sq_.data(), total_sq, nonfinite, false);
 }
 
-void HostBackend::select_topk(const SelectTopkPlan& plan, const float* const* scores, int32_t* const* indices) {
-  plan.run(pool_, scores, indices);
+void HostBackend::step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                               int64_t flag_count, double*, double loss_scale, double max_grad_norm) {
+  double total = 0.0;
+  for (int64_t c = 0; c < column_chunks(columns); ++c) total += column_chunk_sum(col_sq, columns, c);
+  int32_t nonfinite = 0;
+  for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
+  scalars->total_sq = static_cast<float>(total);
+  scalars->nonfinite = nonfinite;
+  compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 
-void HostBackend::adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers, float grad_scale) {
-  plan.run(pool_, pointers, grad_scale);
+void HostBackend::adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
+                                 const StepScalars* scalars) {
+  if (scalars->skip) return;
+  plan.run(pool_, pointers, scalars->grad_scale);
 }
 
-void HostBackend::pack(const PackPlan& plan, void* const* grads, const int32_t* const* selected, void* packed) {
-  plan.run(pool_, grads, selected, packed, 1.0f, true);
+void HostBackend::pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) {
+  const size_t count = plan.layout().size();
+  outputs_.resize(count);
+  for (size_t i = 0; i < count; ++i) outputs_[i] = matrices[i].data;
+  plan.run(pool_, outputs_.data(), selected, packed, 1.0f, true);
 }
 
-void HostBackend::scatter(const PackPlan& plan, void* const* params, const int32_t* const* selected,
+void HostBackend::scatter(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected,
                           const void* packed) {
-  plan.run(pool_, params, selected, const_cast<void*>(packed), 1.0f, false);
-}
-
-void HostBackend::exchange(const zf_tensor& old_selected, const zf_tensor& new_selected,
-                           const zf_column_state& old_state, const zf_column_state& new_state,
-                           const zf_column_state& entering, const zf_column_state& leaving) {
-  const zf_status status = zf_exchange_selected_columns(&old_selected, &new_selected, &old_state, &new_state, &entering,
-                                                        &leaving, 1, nullptr, nullptr, nullptr);
-  if (status != ZF_SUCCESS) fail(status, "selection exchange: ", zf_last_error());
+  const size_t count = plan.layout().size();
+  outputs_.resize(count);
+  for (size_t i = 0; i < count; ++i) outputs_[i] = matrices[i].data;
+  plan.run(pool_, outputs_.data(), selected, const_cast<void*>(packed), 1.0f, false);
 }
 
 void HostBackend::copy_down(void* host, const void* device, size_t bytes) {
@@ -55,6 +67,11 @@ void HostBackend::copy_device(void* dst, const void* src, size_t bytes) {
 
 void HostBackend::fill_device_zero(void* device, size_t bytes) {
   if (bytes > 0) std::memset(device, 0, bytes);
+}
+
+void HostBackend::set_stream(zf_stream stream) {
+  require(stream == nullptr, ZF_ERROR_INVALID_VALUE,
+          "stream: the engine's parameters are CPU tensors (host backend), which has no streams; pass NULL");
 }
 
 void* HostBackend::allocate_device(size_t bytes) {

@@ -6,7 +6,7 @@
 
 #include "common/error.hpp"
 #include "engine/engine.hpp"
-#include "engine/host_backend.hpp"
+#include "ops/select_topk_plan.hpp"
 #include "zenflow/cpu_adamw.h"
 
 namespace zf {
@@ -65,6 +65,10 @@ void Engine::select_columns() {
   std::vector<const float*> scores;
   std::vector<int32_t*> outputs;
   const bool window_score = config_.selection_score == ZF_SCORE_WINDOW && schedule_.has_previous_window();
+  // The top-k runs on the host on both backends: the host needs the indices anyway (its
+  // accumulate and update plans), and this is the once-per-period wait the flush already
+  // paid for. It is the same function as the kernel (ties to the lower index).
+  const float* col_sq = window_score ? nullptr : col_sq_on_host(nullptr);
   for (size_t i = 0; i < matrices_.size(); ++i) {
     Matrix& m = matrices_[i];
     if (m.k == m.cols) {
@@ -73,11 +77,11 @@ void Engine::select_columns() {
     } else if (m.k > 0) {
       next[i].resize(static_cast<size_t>(m.k));
       vectors.push_back(TopkVector{m.cols, m.k});
-      scores.push_back(window_score ? m.window_score.data() : m.col_sq.data());
+      scores.push_back(window_score ? m.window_score.data() : col_sq + m.col_offset);
       outputs.push_back(next[i].data());
     }
   }
-  if (!vectors.empty()) backend_->select_topk(SelectTopkPlan(vectors), scores.data(), outputs.data());
+  if (!vectors.empty()) SelectTopkPlan(vectors).run(backend_->host_pool(), scores.data(), outputs.data());
   if (schedule_.selections() > 1) ++reselections_;
   for (size_t i = 0; i < matrices_.size(); ++i) {
     if (next[i] != matrices_[i].selected) exchange_columns(matrices_[i], next[i]);
@@ -98,23 +102,28 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
     const zf_column_state host = host_state(m, m.has_master);
     check_call(zf_cpu_gather_columns(&host, &entering_t, 1, &enter_state), "selection: gather of entering columns");
   }
-  // The device side, out of place into the scratch, then back into the matrix's region
-  // (the region and the scratch share one relative layout: master?, exp_avg, exp_avg_sq, steps).
+  // The device side: the compact state comes to the host, the exchange runs on the host (out
+  // of place: the old and new compact layouts differ), and the new state goes back. It is
+  // one matrix's state each way, once per selection period, right after a flush.
   const size_t floats = (static_cast<size_t>(rows * m.k) * 4 + 255) / 256 * 256;
   const size_t region = m.has_master ? m.dev_master : m.dev_exp_avg;
-  auto compact = [&](size_t base, int64_t k) {
-    uint8_t* at = device_ + base;
+  std::vector<uint8_t> old_region(m.compact_bytes), new_region(m.compact_bytes);
+  download(old_region.data(), device_ + region, m.compact_bytes);
+  auto compact = [&](uint8_t* at, int64_t k) {
     const size_t first = m.has_master ? floats : 0;
     return zf_column_state{
         m.has_master ? host_tensor(at, ZF_DTYPE_F32, {rows, k}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
         host_tensor(at + first, ZF_DTYPE_F32, {rows, k}), host_tensor(at + first + floats, ZF_DTYPE_F32, {rows, k}),
         host_tensor(at + first + 2 * floats, ZF_DTYPE_I32, {k})};
   };
-  const zf_column_state old_state = compact(region, k_old), new_state = compact(scratch_offset_, k_new);
+  const zf_column_state old_state = compact(old_region.data(), k_old), new_state = compact(new_region.data(), k_new);
   const zf_column_state leave_state = leave_list.state(n_leave, rows, m.has_master);
-  backend_->exchange(host_tensor(old.data(), ZF_DTYPE_I32, {k_old}), host_tensor(next.data(), ZF_DTYPE_I32, {k_new}),
-                     old_state, new_state, enter_state, leave_state);
-  backend_->copy_device(device_ + region, device_ + scratch_offset_, m.compact_bytes);
+  const zf_tensor old_t = host_tensor(old.data(), ZF_DTYPE_I32, {k_old}),
+                  new_t = host_tensor(next.data(), ZF_DTYPE_I32, {k_new});
+  check_call(zf_exchange_selected_columns(&old_t, &new_t, &old_state, &new_state, &enter_state, &leave_state, 1,
+                                          nullptr, nullptr, nullptr),
+             "selection exchange");
+  upload(device_ + region, new_region.data(), m.compact_bytes);
   // Leaving columns: their state goes to the host. Without a device master the weights are
   // the master: W[:, leaving] in fp32 (a pack of everything but the leaving columns).
   if (n_leave > 0) {
@@ -125,9 +134,10 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
       PackedLayout layout;
       layout.add(rows, m.cols, static_cast<int64_t>(others.size()));
       PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
-      void* param = params_[m.param].tensor.data;
+      std::vector<uint8_t> weights = download_param(m.param);
+      void* param = weights.empty() ? params_[m.param].tensor.data : weights.data();
       const int32_t* selected = others.data();
-      plan.run(static_cast<HostBackend&>(*backend_).pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
+      plan.run(backend_->host_pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
     }
     const zf_column_state leave_full = leave_list.state(n_leave, rows, true);
     const zf_column_state host = host_state(m, true);
@@ -135,6 +145,7 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
     check_call(zf_cpu_scatter_columns(&leave_full, &leaving_t, 1, &host), "selection: scatter of leaving columns");
   }
   m.selected = next;
+  upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
 }
 
 void Engine::rebuild_plans() {
@@ -169,7 +180,7 @@ void Engine::rebuild_plans() {
       layout.add(m.rows, m.cols, k);
       dtypes.push_back(b.dtype);
       b.selected_tensors.push_back(host_tensor(m.selected.data(), ZF_DTYPE_I32, {k}));
-      b.selected_ptrs.push_back(k > 0 ? m.selected.data() : nullptr);
+      b.selected_ptrs.push_back(k > 0 ? device_int(m.dev_selected) : nullptr);
       for (int a = 0; a < 2; ++a)
         b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.cols, m.rows}));
     }
@@ -189,8 +200,7 @@ void Engine::rebuild_plans() {
     const zf_tensor packed = host_tensor(host_slots_.data() + kSlotHeaderBytes, b.dtype, {layout.total()});
     b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
     b.pack = std::make_unique<PackPlan>(std::move(layout), std::move(dtypes), b.dtype);
-    b.grad_ptrs.assign(count, nullptr);
-    b.param_ptrs.assign(count, nullptr);
+    b.matrix_tensors.assign(count, zf_tensor{});
   }
 }
 

@@ -27,6 +27,9 @@ zf_engine_stats Engine::stats() const {
   s.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_.size() + host_slots_.size());
+  s.stall_seconds_readback = stall_readback_;
+  s.device_bytes = static_cast<int64_t>(device_bytes_);
+  s.pinned_host_bytes = static_cast<int64_t>(upload_.size() + host_slots_.size() + scalar_records_.size());
   return s;
 }
 

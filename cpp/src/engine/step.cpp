@@ -6,7 +6,6 @@
 
 #include "common/error.hpp"
 #include "engine/engine.hpp"
-#include "engine/host_backend.hpp"
 
 namespace zf {
 namespace {
@@ -27,18 +26,41 @@ void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
   for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
   check_lrs(lrs, lr_count);
-  run_step(grads, lrs);
+  run_step(grads, lrs, false);
 }
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open");
   poll_host_lane();
   check_lrs(lrs, lr_count);
+  initialize_state();
   split_has_lrs_ = lrs != nullptr;
   split_lrs_.assign(lrs, lrs + (lrs ? lr_count : 0));
   submitted_.assign(params_.size(), zf_tensor{});
   submitted_flags_.assign(params_.size(), 0);
+  // A selection step needs every column sum before anything is packed: its work waits for
+  // end_step. Any other step starts at submit (the schedule is not advanced by a peek).
+  Schedule peek = schedule_;
+  early_ = !peek.begin_step().select;
+  if (early_) {
+    backend_->fill_device_zero(device_ + flags_offset_, std::max<size_t>(1, params_.size()) * 4);
+    bucket_pending_.assign(buckets_.size(), 0);
+    for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
+    bucket_early_.assign(buckets_.size(), 0);
+    early_buckets_.clear();
+  }
   in_split_step_ = true;
+}
+
+ColumnStatsPlan& Engine::range_stats_plan(size_t first, size_t count) {
+  std::unique_ptr<ColumnStatsPlan>& plan = range_plans_[{first, count}];
+  if (!plan) {
+    std::vector<ColumnStatsMatrix> matrices;
+    for (size_t i = first; i < first + count; ++i)
+      matrices.push_back(ColumnStatsMatrix{params_[i].rows, params_[i].cols, params_[i].tensor.dtype});
+    plan = std::make_unique<ColumnStatsPlan>(std::move(matrices));
+  }
+  return *plan;
 }
 
 void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
@@ -55,6 +77,17 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
   }
+  if (!early_ || count == 0) return;
+  // The range's statistics now; its flag goes to the slot of its first parameter.
+  backend_->column_stats(range_stats_plan(first, count), grads, &col_sq_tensors_[first],
+                         reinterpret_cast<float*>(device_ + total_sink_offset_), device_int(flags_offset_) + first,
+                         device_ + stats_workspace_offset_, stats_workspace_bytes_);
+  for (size_t j = 0; j < count; ++j) {
+    const Param& p = params_[first + j];
+    if (!p.matrix) continue;
+    const size_t b = matrices_[p.index].bucket;
+    if (--bucket_pending_[b] == 0 && early_buckets_.size() < slot_jobs_.size()) defer_bucket_early(buckets_[b]);
+  }
 }
 
 void Engine::end_step() {
@@ -63,12 +96,13 @@ void Engine::end_step() {
     require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", i,
             " was not submitted (the split step stays open)");
   in_split_step_ = false;
-  run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr);
+  run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_);
 }
 
 void Engine::abort_step() {
-  // The host backend does a split step's work only at end_step, so forgetting the submitted
-  // gradients undoes it completely. No split step open: nothing to do.
+  // Work started at submit is the statistics (overwritten by the next step) and the early
+  // buckets' copies, whose accumulates were never queued: nothing of the step remains.
+  cancel_early_buckets();
   in_split_step_ = false;
   submitted_.clear();
   submitted_flags_.clear();
@@ -76,8 +110,75 @@ void Engine::abort_step() {
   split_has_lrs_ = false;
 }
 
+void Engine::defer_bucket_early(Bucket& b) {
+  if (b.packed_bytes == 0) return;
+  const size_t slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
+  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot from an earlier step
+    wait_job(slot_jobs_[slot], &stall_back_pressure_);
+    slot_jobs_[slot].reset();
+  }
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = submitted_[matrices_[i].param];
+  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  backend_->copy_down(host_slots_.data() + slot * slot_stride_ + kSlotHeaderBytes, device_slot + kSlotHeaderBytes,
+                      b.packed_bytes);
+  slot_copied_[slot] = backend_->record(Lane::kDown);
+  b.early_slot = slot;
+  const size_t index = static_cast<size_t>(&b - buckets_.data());
+  bucket_early_[index] = 1;
+  early_buckets_.push_back(index);
+  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
+}
+
+void Engine::release_early_buckets(const StepScalars* scalars) {
+  // The early slots' headers, from the step's scalars (one copy each on the compute lane,
+  // then down), then their accumulates, which wait for the headers' event: it was recorded
+  // on the down lane after the bodies, so it covers both copies.
+  if (early_buckets_.empty()) return;
+  for (size_t index : early_buckets_) {
+    uint8_t* device_slot = device_ + staging_offset_ + buckets_[index].early_slot * slot_stride_;
+    backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+  }
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  for (size_t index : early_buckets_) {
+    const size_t slot = buckets_[index].early_slot;
+    backend_->copy_down(host_slots_.data() + slot * slot_stride_, device_ + staging_offset_ + slot * slot_stride_,
+                        sizeof(SlotHeader));
+  }
+  const Event copied = backend_->record(Lane::kDown);
+  for (size_t index : early_buckets_) {
+    Bucket& b = buckets_[index];
+    slot_copied_[b.early_slot] = copied;
+    slot_jobs_[b.early_slot] = submit_slot_accumulate(b, b.early_slot, copied);
+  }
+  early_buckets_.clear();
+}
+
+void Engine::cancel_early_buckets() {
+  early_ = false;
+  early_buckets_.clear();
+  bucket_early_.assign(buckets_.size(), 0);
+}
+
+std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
+  uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
+  const int acc = acc_current_;
+  Backend* backend = backend_.get();
+  return lane_->submit_accumulate([&b, host_slot, acc, backend, copied](ThreadPool& pool) {
+    backend->host_wait(copied);
+    SlotHeader h;
+    std::memcpy(&h, host_slot, sizeof(h));
+    if (h.skip) return;
+    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
+  });
+}
+
 size_t Engine::find_nonfinite(const zf_tensor* grads) const {
-  // Rare path: one statistics pass per parameter to name the first non-finite one.
+  // Rare path (host backend): one statistics pass per parameter to name the first
+  // non-finite one.
   for (size_t i = 0; i < params_.size(); ++i) {
     ColumnStatsPlan plan({ColumnStatsMatrix{params_[i].rows, params_[i].cols, params_[i].tensor.dtype}});
     std::vector<float> col_sq(static_cast<size_t>(params_[i].cols));
@@ -85,41 +186,129 @@ size_t Engine::find_nonfinite(const zf_tensor* grads) const {
     const void* grad = grads[i].data;
     float total = 0.0f;
     int32_t nonfinite = 0;
-    plan.run(static_cast<HostBackend&>(*backend_).pool(), &grad, &col, &total, &nonfinite, false);
+    plan.run(backend_->host_pool(), &grad, &col, &total, &nonfinite, false);
     if (nonfinite) return i;
   }
   return 0;
 }
 
-void Engine::run_step(const zf_tensor* grads, const double* lrs) {
+bool Engine::read_scalars_now() const {
+  // The host backend reads them for free. On CUDA the training thread waits for them only
+  // when the next host decision needs them: dynamic loss scaling (the scale of the next
+  // step, and whether this one is skipped).
+  return backend_->host_visible() || config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC;
+}
+
+StepScalars Engine::readback_scalars(double* stall) {
+  StepScalars* device = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  if (backend_->host_visible()) return *device;
+  const auto start = Clock::now();
+  auto* record = reinterpret_cast<StepScalars*>(scalar_records_.data()) + kScalarRecords;
+  download(record, device, sizeof(StepScalars));
+  if (stall != nullptr) *stall += seconds_since(start);
+  return *record;
+}
+
+void Engine::record_scalars_for_later() {
+  // CUDA without loss scaling: the step goes on without its scalars (a non-finite gradient
+  // makes every device op a no-op through the skip flag). They are copied into a ring and
+  // looked at by a later call, when the copy is long complete.
+  if (pending_scalars_.size() == kScalarRecords) consume_scalars(1);
+  const size_t record = next_record_;
+  next_record_ = (next_record_ + 1) % kScalarRecords;
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  auto* host = reinterpret_cast<StepScalars*>(scalar_records_.data()) + record;
+  backend_->copy_down(host, device_ + scalars_offset_, sizeof(StepScalars));
+  pending_scalars_.push_back(PendingScalars{record, backend_->record(Lane::kDown), schedule_.step() + 1});
+}
+
+void Engine::check_recorded_scalars(bool wait) {
+  size_t ready = 0;
+  while (ready < pending_scalars_.size() && (wait || backend_->done(pending_scalars_[ready].copied))) ++ready;
+  consume_scalars(ready);
+}
+
+void Engine::consume_scalars(size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const PendingScalars pending = pending_scalars_.front();
+    pending_scalars_.erase(pending_scalars_.begin());
+    const auto start = Clock::now();
+    backend_->host_wait(pending.copied);
+    stall_readback_ += seconds_since(start);
+    const StepScalars s = reinterpret_cast<const StepScalars*>(scalar_records_.data())[pending.record];
+    if (s.nonfinite) {
+      pending_scalars_.clear();
+      fail_sticky(ZF_ERROR_INVALID_VALUE,
+                  "grads: a non-finite gradient (Inf or NaN) at step " + std::to_string(pending.step) +
+                      ", found after the step on the device: the step wrote nothing, but the engine's schedule "
+                      "moved on, so the engine refuses steps until it loads a state");
+    }
+    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / loss_scale_;
+  }
+}
+
+const float* Engine::col_sq_on_host(double* stall) {
+  const float* device = device_float(col_sq_offset_);
+  if (backend_->host_visible()) return device;
+  const auto start = Clock::now();
+  download(col_sq_host_.data(), device, col_sq_floats_ * 4);
+  if (stall != nullptr) *stall += seconds_since(start);
+  return col_sq_host_.data();
+}
+
+void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done) {
+  try {
+    run_step_unguarded(grads, lrs, stats_done);
+    cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+  } catch (const std::bad_alloc&) {
+    cancel_early_buckets();
+    throw;
+  } catch (const Error& e) {
+    cancel_early_buckets();  // a failed step: its early copies are never accumulated
+    // A device that failed mid-step leaves the step half done: refuse further steps.
+    if (e.status() == ZF_ERROR_CUDA && !sticky_) {
+      sticky_ = true;
+      sticky_status_ = e.status();
+      sticky_message_ =
+          std::string("engine device failure (the engine refuses steps until it loads a state): ") + e.what();
+    }
+    throw;
+  }
+}
+
+void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool stats_done) {
   check_usable();
   initialize_state();
-  // 1. statistics of every gradient: column sums of squares, total, non-finite flag
-  grad_ptrs_.resize(params_.size());
-  col_sq_ptrs_.resize(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    grad_ptrs_[i] = grads[i].data;
-    const Param& p = params_[i];
-    col_sq_ptrs_[i] = p.matrix ? matrices_[p.index].col_sq.data() : dense_[p.index].col_sq.data();
+  // 1. statistics of every gradient (a split step has them from its submits): column sums of
+  // squares and a non-finite flag per pass; then the total, the gradient scale and the skip
+  // flag, on the device.
+  StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  const size_t flag_count = std::max<size_t>(1, params_.size());
+  if (!stats_done) {
+    backend_->fill_device_zero(device_ + flags_offset_, flag_count * 4);
+    backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
+                           device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
   }
-  float total_sq = 0.0f;
-  int32_t nonfinite = 0;
-  backend_->column_stats(*stats_plan_, grad_ptrs_.data(), col_sq_ptrs_.data(), &total_sq, &nonfinite);
-  if (nonfinite) {
-    if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC) {
-      ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
-      loss_scale_ *= config_.backoff_factor;
-      growth_tracker_ = 0;
-      return;
+  backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
+                         device_int(flags_offset_), static_cast<int64_t>(flag_count),
+                         reinterpret_cast<double*>(device_ + chunk_sums_offset_), loss_scale_, config_.max_grad_norm);
+  // 2. what the host needs of them
+  if (read_scalars_now()) {
+    const StepScalars s = readback_scalars(&stall_readback_);
+    if (s.nonfinite) {
+      if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC) {
+        ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
+        loss_scale_ *= config_.backoff_factor;
+        growth_tracker_ = 0;
+        return;
+      }
+      fail(ZF_ERROR_INVALID_VALUE, "grads[", find_nonfinite(grads),
+           "]: non-finite gradient (Inf or NaN); the step was skipped and nothing was written");
     }
-    fail(ZF_ERROR_INVALID_VALUE, "grads[", find_nonfinite(grads),
-         "]: non-finite gradient (Inf or NaN); the step was skipped and nothing was written");
+    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / loss_scale_;
+  } else {
+    record_scalars_for_later();
   }
-  // 2. norm, clip coefficient; the scale every gradient of the step gets
-  const double norm = std::sqrt(static_cast<double>(total_sq)) / loss_scale_;
-  last_norm_ = norm;
-  const double clip = config_.max_grad_norm > 0.0 ? std::min(1.0, config_.max_grad_norm / (norm + 1e-6)) : 1.0;
-  const auto grad_scale = static_cast<float>(clip / loss_scale_);
   if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC && ++growth_tracker_ >= config_.growth_interval) {
     loss_scale_ *= config_.growth_factor;  // takes effect from the next step, as GradScaler.update()
     growth_tracker_ = 0;
@@ -128,7 +317,7 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs) {
   for (size_t g = 0; g < groups_.size(); ++g) step_lrs_[g] = lrs ? lrs[g] : groups_[g].lr;
 
   const Schedule::StepKind kind = schedule_.begin_step();
-  // 3. selection (after a flush), the lossless exchange
+  // 3. selection (after a flush), the lossless exchange (never in a step that started early)
   if (kind.select) select_columns();
   // 4. AdamW of the selected columns and the dense parameters
   device_pointers_.resize(device_plan_params_.size());
@@ -141,7 +330,7 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs) {
     ptr.weight_decay = groups_[static_cast<size_t>(p.group)].weight_decay;
     if (p.matrix) {
       Matrix& m = matrices_[p.index];
-      ptr.selected = m.selected.data();
+      ptr.selected = device_int(m.dev_selected);
       ptr.master = m.has_master ? device_float(m.dev_master) : nullptr;
       ptr.exp_avg = device_float(m.dev_exp_avg);
       ptr.exp_avg_sq = device_float(m.dev_exp_avg_sq);
@@ -155,9 +344,13 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs) {
       ptr.steps = device_int(d.dev_steps);
     }
   }
-  if (!device_pointers_.empty()) backend_->adamw_selected(*device_plan_, device_pointers_.data(), grad_scale);
-  // 5. deferred columns through the staging ring into the host accumulator
-  for (Bucket& b : buckets_) defer_bucket(b, grads, grad_scale);
+  if (!device_pointers_.empty()) backend_->adamw_selected(*device_plan_, device_pointers_.data(), scalars);
+  // 5. deferred columns through the staging ring into the host accumulator: the buckets
+  // packed at submit get their headers, then the others go
+  release_early_buckets(scalars);
+  for (Bucket& b : buckets_) {
+    if (bucket_early_.empty() || !bucket_early_[static_cast<size_t>(&b - buckets_.data())]) defer_bucket(b, grads);
+  }
   if (!buckets_.empty()) {
     ++steps_accumulated_;
     last_lr_ = step_lrs_;
@@ -173,11 +366,13 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
   const bool window_scores = config_.selection_score == ZF_SCORE_WINDOW;
   const bool auto_interval = schedule_.auto_interval();
   if (!window_scores && !auto_interval) return;
+  const float* col_sq_all = col_sq_on_host(&stall_readback_);
   for (Matrix& m : matrices_) {
     const size_t n = static_cast<size_t>(m.cols);
+    const float* col_sq = col_sq_all + m.col_offset;
     if (window_scores) {
       float* current = m.window_score.data() + n;
-      for (size_t j = 0; j < n; ++j) current[j] += m.col_sq[j];
+      for (size_t j = 0; j < n; ++j) current[j] += col_sq[j];
     }
     if (!auto_interval) continue;
     const MatrixEnergy probe{0.0, 0.0, static_cast<int64_t>(m.selected.size()), m.cols};
@@ -186,10 +381,10 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
     size_t s = 0;
     for (size_t j = 0; j < n; ++j) {
       if (s < m.selected.size() && static_cast<size_t>(m.selected[s]) == j) {
-        selected_sum += m.col_sq[j];
+        selected_sum += col_sq[j];
         ++s;
       } else {
-        deferred_sum += m.col_sq[j];
+        deferred_sum += col_sq[j];
       }
     }
     m.energy[0] = static_cast<float>(m.energy[0] + selected_sum);
@@ -200,7 +395,7 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
   }
 }
 
-void Engine::defer_bucket(Bucket& b, const zf_tensor* grads, float grad_scale) {
+void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
   const size_t slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
@@ -208,20 +403,17 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads, float grad_scale) {
     wait_job(slot_jobs_[slot], &stall_back_pressure_);
     slot_jobs_[slot].reset();
   }
-  for (size_t i = b.first; i < b.last; ++i) b.grad_ptrs[i - b.first] = grads[matrices_[i].param].data;
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
-  backend_->pack(*b.pack, b.grad_ptrs.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
-  const SlotHeader header{grad_scale, 0};
-  std::memcpy(device_slot, &header, sizeof(header));  // on CUDA: a tiny kernel writes it
+  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
+  const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
+  backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
   backend_->copy_down(host_slot, device_slot, kSlotHeaderBytes + b.packed_bytes);
-  const int acc = acc_current_;
-  slot_jobs_[slot] = lane_->submit_accumulate([&b, host_slot, acc](ThreadPool& pool) {
-    SlotHeader h;
-    std::memcpy(&h, host_slot, sizeof(h));
-    if (h.skip) return;
-    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
-  });
+  slot_copied_[slot] = backend_->record(Lane::kDown);
+  slot_jobs_[slot] = submit_slot_accumulate(b, slot, slot_copied_[slot]);
   bytes_down_ += static_cast<int64_t>(b.packed_bytes);
 }
 
@@ -247,7 +439,10 @@ void Engine::start_update() {
     const double wd = groups_[group].weight_decay;
     uint8_t* out = upload_.data() + m.upload_offset;
     const zf_adam_hparams hparams = hparams_;
-    chunks.push_back([this, &m, acc, scale, lr, wd, out, hparams](ThreadPool& pool) {
+    Backend* backend = backend_.get();
+    const Event uploaded = uploads_done_;  // U is still being copied up until then
+    chunks.push_back([this, &m, acc, scale, lr, wd, out, hparams, backend, uploaded](ThreadPool& pool) {
+      backend->host_wait(uploaded);
       const zf_column_state state = host_state(m, true);
       zf_tensor grad = state.exp_avg;
       grad.data = m.acc[acc].data();
@@ -266,15 +461,20 @@ void Engine::finish_update(double* stall) {
   auto job = std::move(inflight_);
   inflight_.reset();
   wait_job(job, stall);
-  // Upload U bucket by bucket: copy up, then scatter into W[:, unselected].
+  // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
+  // upload buffer), then scatter into W[:, unselected] after the copy.
   uint8_t* device_upload = device_ + upload_buffer_offset_;
   for (Bucket& b : buckets_) {
     if (b.packed_bytes == 0) continue;
+    if (last_scatter_) backend_->wait(Lane::kUp, last_scatter_);
     backend_->copy_up(device_upload, upload_.data() + b.upload_offset, b.packed_bytes);
-    for (size_t i = b.first; i < b.last; ++i) b.param_ptrs[i - b.first] = params_[matrices_[i].param].tensor.data;
-    backend_->scatter(*b.pack, b.param_ptrs.data(), b.selected_ptrs.data(), device_upload);
+    backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
+    for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = params_[matrices_[i].param].tensor;
+    backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_upload);
+    last_scatter_ = backend_->record(Lane::kCompute);
     bytes_up_ += static_cast<int64_t>(b.packed_bytes);
   }
+  uploads_done_ = backend_->record(Lane::kUp);
 }
 
 void Engine::close_window(bool warm_up) {
@@ -307,6 +507,7 @@ void Engine::flush_internal() {
     finish_update(&ignored);
   }
   wait_all_slots(&ignored);
+  check_recorded_scalars(true);
   stall_flush_ += seconds_since(start);
 }
 

@@ -1,6 +1,9 @@
 // Hooks for the engine's tests; not part of the C ABI.
 #pragma once
 
+#include <memory>
+
+#include "engine/backend.hpp"
 #include "zenflow/engine.h"
 
 namespace zf {
@@ -11,6 +14,10 @@ void inject_host_lane_fault(zf_engine* engine, const char* message);
 // The engine's pool sizes: compute lane, host lane.
 int compute_lane_threads(const zf_engine* engine);
 int host_lane_threads(const zf_engine* engine);
+// Runs the engine on `backend` (before its first step or load, no device memory attached).
+void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend);
+// Waits for every lane of the engine's backend (the host lane excluded).
+void synchronize_backend(zf_engine* engine);
 
 }  // namespace testing
 }  // namespace zf

@@ -42,6 +42,8 @@ class AdamwSelectedPlan {
   void run(ThreadPool& pool, const AdamwSelectedPointers* pointers, float grad_scale);
 
   size_t size() const { return matrices_.size(); }
+  const std::vector<AdamwSelectedMatrix>& matrices() const { return matrices_; }
+  const zf_adam_hparams& hparams() const { return hparams_; }
 
  private:
   std::vector<AdamwSelectedMatrix> matrices_;

@@ -1,0 +1,308 @@
+// The engine's CUDA backend (docs/design.md section 7): the Backend interface on one device.
+//
+//   compute  the caller's stream (set_stream): statistics, the step scalars, the selected
+//            AdamW, pack and scatter, device-to-device copies
+//   down     a non-blocking stream of the backend's: staging slots and readbacks to the host
+//   up       a second non-blocking stream: the upload buffer and state uploads
+//
+// Every hand-over between the lanes is a CUDA event the engine records and waits for
+// (Backend::record / wait); the host lane waits for a slot's copy with cudaEventSynchronize
+// on its own thread, never the training thread. Kernels are the ops' launchers (the
+// cuda_ops() table); the only kernel of its own is the one-thread step-scalars kernel.
+// Every call makes the backend's device current and restores the caller's.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/device_ops.hpp"
+#include "common/error.hpp"
+#include "common/step_scalars.hpp"
+#include "cuda/common/cuda_check.cuh"
+#include "engine/backend.hpp"
+
+namespace zf {
+namespace cuda {
+namespace {
+
+constexpr int kScalarThreads = 256;
+
+// One block: the chunk sums in parallel, then thread 0 adds them in chunk order and forms
+// the scalars: the host's order exactly (step_scalars.hpp).
+__global__ void __launch_bounds__(kScalarThreads)
+    step_scalars_kernel(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                        int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) {
+  const int64_t chunks = (columns + kTotalChunk - 1) / kTotalChunk;
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) chunk_sums[c] = column_chunk_sum(col_sq, columns, c);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) total = __dadd_rn(total, chunk_sums[c]);
+  int32_t nonfinite = 0;
+  for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
+  scalars->total_sq = static_cast<float>(total);
+  scalars->nonfinite = nonfinite;
+  compute_step_scalars(scalars, loss_scale, max_grad_norm);
+}
+
+class CudaEvent final : public BackendEvent {
+ public:
+  explicit CudaEvent(int device) : device_(device) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  ~CudaEvent() override {
+    const ScopedDeviceNoThrow guard(device_);
+    cudaEventDestroy(event_);  // released by the driver once the event has completed
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  // Destructors must not throw: restore the device on a best-effort basis.
+  struct ScopedDeviceNoThrow {
+    explicit ScopedDeviceNoThrow(int device) {
+      if (cudaGetDevice(&previous) == cudaSuccess && previous != device) changed = cudaSetDevice(device) == cudaSuccess;
+    }
+    ~ScopedDeviceNoThrow() {
+      if (changed) cudaSetDevice(previous);
+    }
+    int previous = 0;
+    bool changed = false;
+  };
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+zf_tensor device_tensor(const void* data, zf_dtype dtype, int device, int64_t rows, int64_t cols) {
+  zf_tensor t{};
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.device = zf_device{ZF_DEVICE_CUDA, device};
+  if (cols < 0) {  // 1-D [rows]
+    t.ndim = 1;
+    t.shape[0] = rows;
+    t.strides[0] = 1;
+  } else {
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.strides[0] = cols;
+    t.strides[1] = 1;
+  }
+  return t;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, int host_threads) : device_(device), pool_(host_threads) {
+    const ScopedDevice guard(device_);
+    check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(down)");
+    check_cuda(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(up)");
+  }
+  ~CudaBackend() override {
+    if (cudaSetDevice(device_) != cudaSuccess) return;
+    cudaStreamDestroy(down_);
+    cudaStreamDestroy(up_);
+  }
+
+  size_t column_stats_workspace_bytes(const zf_tensor* params, size_t count) override {
+    return cuda_ops().column_stats_workspace_bytes(params, count);
+  }
+
+  void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                    int32_t* nonfinite, void* workspace, size_t workspace_bytes) override {
+    cuda_ops().column_stats(grads, col_sq, plan.size(), total_sq, nonfinite, device_, false, workspace, workspace_bytes,
+                            compute_);
+  }
+
+  void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                    int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
+    const ScopedDevice guard(device_);
+    step_scalars_kernel<<<1, kScalarThreads, 0, static_cast<cudaStream_t>(compute_)>>>(
+        scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
+    check_launch("step_scalars_kernel");
+  }
+
+  void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
+                      const StepScalars* scalars) override {
+    const std::vector<AdamwSelectedMatrix>& matrices = plan.matrices();
+    const size_t count = matrices.size();
+    params_.resize(count);
+    grads_.resize(count);
+    selected_.resize(count);
+    states_.resize(count);
+    lr_.resize(count);
+    weight_decay_.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      const AdamwSelectedMatrix& m = matrices[i];
+      const AdamwSelectedPointers& p = pointers[i];
+      params_[i] = device_tensor(p.param, m.param_dtype, device_, m.rows, m.cols);
+      grads_[i] = device_tensor(p.grad, m.grad_dtype, device_, m.rows, m.cols);
+      // A dense parameter is [numel, 1] with its one column selected: index 0.
+      selected_[i] =
+          device_tensor(p.selected != nullptr ? p.selected : &scalars->zero_index, ZF_DTYPE_I32, device_, m.k, -1);
+      const int64_t elements = m.rows * m.k;
+      states_[i].master = m.has_master ? device_tensor(p.master, ZF_DTYPE_F32, device_, elements, -1)
+                                       : device_tensor(nullptr, ZF_DTYPE_F32, device_, 0, -1);
+      states_[i].exp_avg = device_tensor(p.exp_avg, ZF_DTYPE_F32, device_, elements, -1);
+      states_[i].exp_avg_sq = device_tensor(p.exp_avg_sq, ZF_DTYPE_F32, device_, elements, -1);
+      states_[i].steps = device_tensor(p.steps, ZF_DTYPE_I32, device_, m.k, -1);
+      lr_[i] = p.lr;
+      weight_decay_[i] = p.weight_decay;
+    }
+    const AdamwSelectedArgs args{params_.data(), grads_.data(),        selected_.data(),     states_.data(),
+                                 count,          lr_.data(),           weight_decay_.data(), nullptr,
+                                 plan.hparams(), &scalars->grad_scale, &scalars->skip,       device_};
+    cuda_ops().adamw_selected_columns(args, compute_);
+  }
+
+  void pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) override {
+    pack_or_scatter(plan, matrices, selected, packed, true);
+  }
+
+  void scatter(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected,
+               const void* packed) override {
+    pack_or_scatter(plan, matrices, selected, const_cast<void*>(packed), false);
+  }
+
+  void copy_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    const ScopedDevice guard(device_);
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(Lane::kCompute)),
+               "cudaMemcpyAsync(device to device)");
+  }
+
+  void fill_device_zero(void* device, size_t bytes) override {
+    if (bytes == 0) return;
+    const ScopedDevice guard(device_);
+    check_cuda(cudaMemsetAsync(device, 0, bytes, stream(Lane::kCompute)), "cudaMemsetAsync");
+  }
+
+  void copy_down(void* host, const void* device, size_t bytes) override {
+    if (bytes == 0) return;
+    const ScopedDevice guard(device_);
+    check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync(down)");
+  }
+
+  void copy_up(void* device, const void* host, size_t bytes) override {
+    if (bytes == 0) return;
+    const ScopedDevice guard(device_);
+    check_cuda(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, up_), "cudaMemcpyAsync(up)");
+  }
+
+  Event record(Lane lane) override {
+    const ScopedDevice guard(device_);
+    auto event = std::make_shared<CudaEvent>(device_);
+    check_cuda(cudaEventRecord(event->get(), stream(lane)), "cudaEventRecord");
+    return event;
+  }
+
+  void wait(Lane lane, const Event& event) override {
+    if (!event) return;
+    const ScopedDevice guard(device_);
+    check_cuda(cudaStreamWaitEvent(stream(lane), cuda_event(event), 0), "cudaStreamWaitEvent");
+  }
+
+  void host_wait(const Event& event) override {
+    if (!event) return;
+    check_cuda(cudaEventSynchronize(cuda_event(event)), "cudaEventSynchronize");
+  }
+
+  bool done(const Event& event) override {
+    if (!event) return true;
+    const cudaError_t status = cudaEventQuery(cuda_event(event));
+    if (status == cudaErrorNotReady) return false;
+    check_cuda(status, "cudaEventQuery");
+    return true;
+  }
+
+  void synchronize() override {
+    const ScopedDevice guard(device_);
+    check_cuda(cudaStreamSynchronize(stream(Lane::kCompute)), "cudaStreamSynchronize(compute)");
+    check_cuda(cudaStreamSynchronize(down_), "cudaStreamSynchronize(down)");
+    check_cuda(cudaStreamSynchronize(up_), "cudaStreamSynchronize(up)");
+  }
+
+  bool host_visible() const override { return false; }
+  void set_stream(zf_stream stream) override { compute_ = stream; }
+
+  void* allocate_device(size_t bytes) override {
+    const ScopedDevice guard(device_);
+    void* memory = nullptr;
+    const cudaError_t status = cudaMalloc(&memory, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it
+      fail(ZF_ERROR_OUT_OF_MEMORY, "engine device memory: cudaMalloc of ", bytes, " bytes failed");
+    }
+    check_cuda(status, "cudaMalloc");
+    return memory;
+  }
+
+  void free_device(void* memory) override {
+    const ScopedDevice guard(device_);
+    cudaFree(memory);
+  }
+
+  void* allocate_pinned(size_t bytes) override {
+    const ScopedDevice guard(device_);
+    void* memory = nullptr;
+    const cudaError_t status = cudaHostAlloc(&memory, bytes, cudaHostAllocPortable);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail(ZF_ERROR_OUT_OF_MEMORY, "engine pinned host memory: cudaHostAlloc of ", bytes, " bytes failed");
+    }
+    check_cuda(status, "cudaHostAlloc");
+    return memory;
+  }
+
+  void free_pinned(void* memory) override { cudaFreeHost(memory); }
+
+  ThreadPool& host_pool() override { return pool_; }
+  zf_device device() const override { return zf_device{ZF_DEVICE_CUDA, device_}; }
+
+ private:
+  cudaStream_t stream(Lane lane) const {
+    switch (lane) {
+      case Lane::kDown:
+        return down_;
+      case Lane::kUp:
+        return up_;
+      default:
+        return static_cast<cudaStream_t>(compute_);
+    }
+  }
+
+  static cudaEvent_t cuda_event(const Event& event) { return static_cast<const CudaEvent&>(*event).get(); }
+
+  void pack_or_scatter(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed,
+                       bool to_packed) {
+    const PackedLayout& layout = plan.layout();
+    const size_t count = layout.size();
+    selected_.resize(count);
+    for (size_t i = 0; i < count; ++i)
+      selected_[i] = device_tensor(selected[i], ZF_DTYPE_I32, device_, layout[i].selected, -1);
+    const zf_dtype dtype = count > 0 ? matrices[0].dtype : ZF_DTYPE_F32;
+    const zf_tensor packed_tensor = device_tensor(packed, dtype, device_, layout.total(), -1);
+    cuda_ops().pack_or_scatter_columns(matrices, selected_.data(), layout, packed_tensor, nullptr, to_packed, compute_);
+  }
+
+  int device_;
+  zf_stream compute_ = nullptr;  // the caller's stream; nullptr = the legacy default stream
+  cudaStream_t down_ = nullptr, up_ = nullptr;
+  ThreadPool pool_;
+  // argument arrays, kept for capacity (the launchers read them during the call only)
+  std::vector<zf_tensor> params_, grads_, selected_;
+  std::vector<zf_column_state> states_;
+  std::vector<double> lr_, weight_decay_;
+};
+
+const bool registered = [] {
+  cuda_ops().make_engine_backend = [](int device, int host_threads) -> Backend* {
+    return new CudaBackend(device, host_threads);
+  };
+  return true;
+}();
+
+}  // namespace
+}  // namespace cuda
+}  // namespace zf

@@ -1,0 +1,332 @@
+// The engine's lane ordering, tested without a GPU: a simulated asynchronous backend runs
+// each lane's work lazily, in a random interleaving of the three lanes, and honours only the
+// orderings the engine states with record / wait / host_wait, as CUDA streams and events
+// do. A missing event in the state machine lets a copy read a slot before its pack, a scatter
+// read the upload buffer before its copy, or the host lane overwrite U while it is still
+// being copied up: the weights then differ from the host backend's. Every run must match
+// the host backend bit for bit, whatever the interleaving.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/host_backend.hpp"
+#include "engine/testing.hpp"
+#include "test_engine_util.hpp"
+
+namespace {
+
+using zf_engine_test::HostTensor;
+using zf_engine_test::make_grads;
+using zf_engine_test::Model;
+using zf_engine_test::standard_model;
+using zf_engine_test::step_lrs;
+using zf_engine_test::tensors_of;
+
+class SimulatedEvent final : public zf::BackendEvent {
+ public:
+  bool complete = false;  // guarded by the backend's mutex
+};
+
+// Device memory is host memory, but the engine is told it is not (host_visible() is false),
+// so it takes the CUDA paths: readbacks, uploads, events. Work items capture their
+// arguments by value at enqueue (as a kernel launch does); the memory they point at is read
+// when they run.
+class SimulatedAsyncBackend final : public zf::Backend {
+ public:
+  SimulatedAsyncBackend(uint64_t seed, int eagerness_percent) : host_(1), rng_(seed), eagerness_(eagerness_percent) {}
+  ~SimulatedAsyncBackend() override {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto& lane : lanes_) lane.clear();  // the engine is gone: nothing will wait any more
+  }
+
+  size_t column_stats_workspace_bytes(const zf_tensor*, size_t) override { return 0; }
+  void column_stats(zf::ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
+                    int32_t* nonfinite, void*, size_t) override {
+    auto copy = std::make_shared<zf::ColumnStatsPlan>(plan);
+    std::vector<zf_tensor> g(grads, grads + plan.size()), c(col_sq, col_sq + plan.size());
+    enqueue(zf::Lane::kCompute, [this, copy, g, c, total_sq, nonfinite] {
+      host_.column_stats(*copy, g.data(), c.data(), total_sq, nonfinite, nullptr, 0);
+    });
+  }
+  void step_scalars(zf::StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                    int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
+    enqueue(zf::Lane::kCompute, [=] {
+      host_.step_scalars(scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
+    });
+  }
+  void adamw_selected(zf::AdamwSelectedPlan& plan, const zf::AdamwSelectedPointers* pointers,
+                      const zf::StepScalars* scalars) override {
+    auto copy = std::make_shared<zf::AdamwSelectedPlan>(plan);
+    std::vector<zf::AdamwSelectedPointers> p(pointers, pointers + plan.size());
+    enqueue(zf::Lane::kCompute, [this, copy, p, scalars] { host_.adamw_selected(*copy, p.data(), scalars); });
+  }
+  void pack(const zf::PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected,
+            void* packed) override {
+    auto copy = std::make_shared<zf::PackPlan>(plan);
+    const size_t n = plan.layout().size();
+    std::vector<zf_tensor> m(matrices, matrices + n);
+    std::vector<const int32_t*> s(selected, selected + n);
+    enqueue(zf::Lane::kCompute, [this, copy, m, s, packed] { host_.pack(*copy, m.data(), s.data(), packed); });
+  }
+  void scatter(const zf::PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected,
+               const void* packed) override {
+    auto copy = std::make_shared<zf::PackPlan>(plan);
+    const size_t n = plan.layout().size();
+    std::vector<zf_tensor> m(matrices, matrices + n);
+    std::vector<const int32_t*> s(selected, selected + n);
+    enqueue(zf::Lane::kCompute, [this, copy, m, s, packed] { host_.scatter(*copy, m.data(), s.data(), packed); });
+  }
+  void copy_device(void* dst, const void* src, size_t bytes) override {
+    enqueue(zf::Lane::kCompute, [=] { std::memmove(dst, src, bytes); });
+  }
+  void fill_device_zero(void* device, size_t bytes) override {
+    enqueue(zf::Lane::kCompute, [=] { std::memset(device, 0, bytes); });
+  }
+  void copy_down(void* host, const void* device, size_t bytes) override {
+    enqueue(zf::Lane::kDown, [=] { std::memcpy(host, device, bytes); });
+  }
+  void copy_up(void* device, const void* host, size_t bytes) override {
+    enqueue(zf::Lane::kUp, [=] { std::memcpy(device, host, bytes); });
+  }
+
+  zf::Event record(zf::Lane lane) override {
+    auto event = std::make_shared<SimulatedEvent>();
+    enqueue(lane, Item{nullptr, event, nullptr});
+    return event;
+  }
+  void wait(zf::Lane lane, const zf::Event& event) override {
+    if (event) enqueue(lane, Item{nullptr, nullptr, std::static_pointer_cast<SimulatedEvent>(event)});
+  }
+  void host_wait(const zf::Event& event) override {
+    if (!event) return;
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    auto& e = static_cast<SimulatedEvent&>(*event);
+    while (!e.complete) {
+      if (!run_one()) zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock (a wait that nothing completes)");
+    }
+  }
+  bool done(const zf::Event& event) override {
+    if (!event) return true;
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    advance_randomly();
+    return static_cast<SimulatedEvent&>(*event).complete;
+  }
+  void synchronize() override {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    while (run_one()) {
+    }
+    for (const auto& lane : lanes_) {
+      if (!lane.empty()) zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock in synchronize");
+    }
+  }
+
+  bool host_visible() const override { return false; }
+  void set_stream(zf_stream) override {}
+  void* allocate_device(size_t bytes) override { return host_.allocate_device(bytes); }
+  void free_device(void* memory) override { host_.free_device(memory); }
+  void* allocate_pinned(size_t bytes) override { return host_.allocate_device(bytes); }
+  void free_pinned(void* memory) override { host_.free_device(memory); }
+  zf::ThreadPool& host_pool() override { return host_.host_pool(); }
+  zf_device device() const override { return zf_device{ZF_DEVICE_CPU, 0}; }
+
+ private:
+  struct Item {
+    std::function<void()> work;
+    std::shared_ptr<SimulatedEvent> records;
+    std::shared_ptr<SimulatedEvent> waits_for;
+  };
+
+  void enqueue(zf::Lane lane, std::function<void()> work) { enqueue(lane, Item{std::move(work), nullptr, nullptr}); }
+  void enqueue(zf::Lane lane, Item item) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    lanes_[static_cast<int>(lane)].push_back(std::move(item));
+    advance_randomly();
+  }
+
+  // Sometimes runs a few items: the device makes progress at random moments.
+  void advance_randomly() {
+    if (static_cast<int>(rng_() % 100) >= eagerness_) return;
+    const int steps = static_cast<int>(rng_() % 4) + 1;
+    for (int i = 0; i < steps && run_one(); ++i) {
+    }
+  }
+
+  // Runs the head of one random lane that can make progress; false when none can.
+  bool run_one() {
+    int runnable[3];
+    int count = 0;
+    for (int l = 0; l < 3; ++l) {
+      if (lanes_[l].empty()) continue;
+      const Item& head = lanes_[l].front();
+      if (head.waits_for && !head.waits_for->complete) continue;
+      runnable[count++] = l;
+    }
+    if (count == 0) return false;
+    const int lane = runnable[rng_() % static_cast<uint64_t>(count)];
+    Item item = std::move(lanes_[lane].front());
+    lanes_[lane].pop_front();
+    if (item.work) item.work();
+    if (item.records) item.records->complete = true;
+    return true;
+  }
+
+  zf::HostBackend host_;
+  std::recursive_mutex mutex_;
+  std::deque<Item> lanes_[3];
+  std::mt19937_64 rng_;
+  int eagerness_;
+};
+
+struct RunOptions {
+  bool simulated = false;
+  uint64_t seed = 0;
+  int eagerness = 30;
+  bool overlap = true;
+  bool split = false;
+  bool fp16_overflow = false;
+  int64_t update_interval = 3;
+};
+
+// Parameters after every step (the backend synchronised), then the whole saved state.
+std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
+  Model model = standard_model(o.fp16_overflow ? ZF_DTYPE_F16 : ZF_DTYPE_BF16, 11);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = o.update_interval;
+  c.overlap_step = o.overlap ? 1 : 0;
+  c.select_strategy = ZF_SELECT_STEP;
+  c.select_interval = 4;
+  c.max_grad_norm = 5.0;
+  c.bucket_bytes = 100;  // several buckets through a ring of two slots
+  c.staging_slots = 2;
+  if (o.fp16_overflow) {
+    c.loss_scaling = ZF_LOSS_SCALING_DYNAMIC;
+    c.initial_scale = 8.0;
+    c.growth_interval = 3;
+  }
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  if (o.simulated) zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness));
+  std::vector<std::vector<HostTensor>> out;
+  std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
+  for (int64_t t = 1; t <= 13; ++t) {
+    alive.push_back(make_grads(model, t, true, 3));
+    std::vector<HostTensor>& grads = alive.back();
+    if (o.fp16_overflow) {
+      const double scale = engine.loss_scale();
+      for (auto& g : grads)
+        for (int64_t e = 0; e < g.numel(); ++e) g.set(e, static_cast<float>(g.get(e) * scale));
+      if (t == 5) grads[1].set(3, INFINITY);
+    }
+    std::vector<zf_tensor> g = tensors_of(grads);
+    if (o.split) {
+      // a backward that failed half way first: some gradients submitted (buckets packed and
+      // copied down at submit), then the step discarded
+      alive.push_back(make_grads(model, t + 100, true, 3));
+      std::vector<zf_tensor> failed = tensors_of(alive.back());
+      engine.begin_step(step_lrs(model, t + 100));
+      engine.submit(2, std::vector<zf_tensor>(failed.begin() + 2, failed.end()));
+      engine.abort_step();
+      engine.begin_step(step_lrs(model, t));
+      const std::vector<size_t> cuts = {0, 2, 3, g.size()};
+      for (size_t part = cuts.size() - 1; part > 0; --part)
+        engine.submit(cuts[part - 1], std::vector<zf_tensor>(g.begin() + cuts[part - 1], g.begin() + cuts[part]));
+      engine.end_step();
+    } else {
+      engine.step(g, step_lrs(model, t));
+    }
+    zf::testing::synchronize_backend(engine.get());
+    out.push_back(model.params);
+  }
+  engine.flush();
+  zf::testing::synchronize_backend(engine.get());
+  out.push_back(model.params);
+  zenflow::EngineState state = engine.save_state();
+  std::vector<HostTensor> saved;
+  for (size_t e = 0; e < state.layout.size(); ++e) {
+    HostTensor t(ZF_DTYPE_F32, {static_cast<int64_t>((state.layout[e].bytes + 3) / 4)});
+    std::memcpy(t.f32.data(), state.data(e), state.layout[e].bytes);
+    saved.push_back(std::move(t));
+  }
+  out.push_back(std::move(saved));
+  return out;
+}
+
+void expect_same(const std::vector<std::vector<HostTensor>>& a, const std::vector<std::vector<HostTensor>>& b,
+                 const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t s = 0; s < a.size(); ++s) {
+    ASSERT_EQ(a[s].size(), b[s].size()) << what;
+    for (size_t i = 0; i < a[s].size(); ++i)
+      ASSERT_TRUE(a[s][i].bitwise_equal(b[s][i])) << what << ": step " << s + 1 << ", tensor " << i;
+  }
+}
+
+class EngineLaneOrdering : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+
+TEST_P(EngineLaneOrdering, AnyInterleavingMatchesTheHostBackendBitForBit) {
+  RunOptions o;
+  std::tie(o.overlap, o.split, o.fp16_overflow) = GetParam();
+  const auto reference = trajectory(o);
+  o.simulated = true;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (int eagerness : {0, 30, 100}) {
+      o.seed = seed;
+      o.eagerness = eagerness;
+      const auto simulated = trajectory(o);
+      expect_same(reference, simulated, "simulated asynchronous backend");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflow, EngineLaneOrdering,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Bool()));
+
+TEST(EngineLaneOrdering, WarmUpAndIntervalOneEveryStepThroughTheRing) {
+  RunOptions o;
+  o.update_interval = 1;
+  o.overlap = false;
+  const auto reference = trajectory(o);
+  o.simulated = true;
+  o.seed = 7;
+  o.eagerness = 0;
+  expect_same(reference, trajectory(o), "synchronous offload, lazy device");
+}
+
+// A non-finite gradient without loss scaling, on a backend whose scalars are not visible
+// to the host: the step writes nothing, and a later call raises a sticky error.
+TEST(EngineLaneOrdering, NonFiniteGradientIsFoundAfterItsStepAndSticks) {
+  Model model = standard_model(ZF_DTYPE_F32, 3);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(3, 0));
+  std::vector<std::vector<HostTensor>> alive;
+  alive.push_back(make_grads(model, 1));
+  engine.step(tensors_of(alive.back()));
+  zf::testing::synchronize_backend(engine.get());
+  const std::vector<HostTensor> before = model.params;
+  alive.push_back(make_grads(model, 2));
+  alive.back()[0].set(2, NAN);
+  engine.step(tensors_of(alive.back()));  // returns: the device has not looked yet
+  zf::testing::synchronize_backend(engine.get());
+  for (size_t i = 0; i < model.params.size(); ++i)
+    EXPECT_TRUE(model.params[i].bitwise_equal(before[i])) << "the non-finite step wrote param " << i;
+  alive.push_back(make_grads(model, 3));
+  try {
+    engine.step(tensors_of(alive.back()));
+    FAIL() << "the next step did not raise";
+  } catch (const zenflow::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite gradient"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("step 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine.step(tensors_of(alive.back())), zenflow::Error);  // sticky
+}
+
+}  // namespace
