@@ -724,6 +724,78 @@ def test_cpu_engine_takes_no_stream_and_reports_the_cuda_stats_fields():
     engine.close()
 
 
+class _StreamRecorder:
+    """Stands in for the engine of an optimizer whose parameters the test declares to be on
+    CUDA: records set_stream (which the CPU engine would refuse for a non-NULL stream) and
+    every call that runs work, and forwards the work to the real CPU engine."""
+
+    WORK = (
+        "step",
+        "begin_step",
+        "submit",
+        "end_step",
+        "abort_step",
+        "flush",
+        "state_dict",
+        "load_state_dict",
+    )
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = []
+
+    def set_stream(self, handle):
+        self.calls.append(("set_stream", handle))
+
+    def __getattr__(self, name):
+        attr = getattr(self.engine, name)
+        if name not in self.WORK:
+            return attr
+
+        def work(*args, **kwargs):
+            self.calls.append((name,))
+            return attr(*args, **kwargs)
+
+        return work
+
+
+def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeypatch):
+    """The wiring of the CUDA path, on the CPU: with the parameters declared on cuda:0, each
+    engine call that runs work (step, the split form of overlap_backward, abort_step, flush,
+    state_dict) is preceded by set_stream(torch.cuda.current_stream(device).cuda_stream)."""
+    model = make_model("mlp")
+    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
+    recorder = _StreamRecorder(opt._engine)
+    opt._engine = recorder
+    opt._layout.device = torch.device("cuda", 0)
+    asked = []
+
+    class FakeStream:
+        cuda_stream = 0xC0DE
+
+    def current_stream(device=None):
+        asked.append(device)
+        return FakeStream()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    train(model, opt, steps=2)
+    handle = opt.overlap_backward(model)
+    train(model, opt, steps=2, start=2)
+    loss_of(model, *batch("mlp", 4)).backward()  # a backward whose step never comes
+    opt.zero_grad()  # aborts the split step it opened
+    handle.remove()
+    opt.flush()
+    opt.state_dict()
+    names = [call[0] for call in recorder.calls]
+    work = [i for i, name in enumerate(names) if name != "set_stream"]
+    assert {names[i] for i in work} == set(_StreamRecorder.WORK) - {"load_state_dict"}
+    for i in work:
+        assert i > 0 and recorder.calls[i - 1] == ("set_stream", 0xC0DE), (i, recorder.calls)
+    assert asked and all(device == torch.device("cuda", 0) for device in asked)
+    opt._engine = recorder.engine
+    opt.close()
+
+
 def test_frozen_parameters_are_left_alone_until_they_have_a_gradient():
     model = make_model("mlp")
     model.fc1.weight.requires_grad_(False)
