@@ -18,6 +18,13 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PARTS=${ZENFLOW_CHECK_PARTS:-all}                    # all | engine | kernels
+case $PARTS in all | engine | kernels) ;; *)
+  echo "ZENFLOW_CHECK_PARTS: expected all, engine or kernels, got '$PARTS'" >&2
+  exit 2
+  ;;
+esac
+part() { [[ $PARTS == all || $PARTS == "$1" ]]; }
 OUT=${OUT:-$ROOT/benchmarks/results}
 mkdir -p "$OUT"
 STAMP=$(date +%Y-%m-%d)
@@ -27,13 +34,6 @@ BUILD=${ZENFLOW_DEVICE_BUILD:-$ROOT/build-device}
 PYTHON=${PYTHON:-python}
 export ZENFLOW_CUDA_ARCHS=${ZENFLOW_CUDA_ARCHS:-90}  # one architecture: half the compile time
 BUDGET=${ZENFLOW_CHECK_BUDGET_S:-470}                # whole script, seconds
-PARTS=${ZENFLOW_CHECK_PARTS:-all}                    # all | engine | kernels
-case $PARTS in all | engine | kernels) ;; *)
-  echo "ZENFLOW_CHECK_PARTS: expected all, engine or kernels, got '$PARTS'" >&2
-  exit 2
-  ;;
-esac
-part() { [[ $PARTS == all || $PARTS == "$1" ]]; }
 START=$SECONDS
 FAILED=()
 
