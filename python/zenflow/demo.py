@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 import zenflow
 
-from .optimizer import ZenFlowAdamW
+from .optimizer import ZenFlowAdamW, stall_seconds
 
 __all__ = ["DemoConfig", "PRESETS", "run_demo", "main"]
 
@@ -276,8 +276,52 @@ def held_out_loss(
     model: torch.nn.Module, data: torch.Tensor, size: ModelSize, batches: int
 ) -> float:
     gen = torch.Generator().manual_seed(12345)  # the same held-out windows for every run
-    losses = [model(*_batch(data, size, gen)).item() for _ in range(batches)]
+    device = next(model.parameters()).device
+    losses = [
+        model(*(t.to(device) for t in _batch(data, size, gen))).item() for _ in range(batches)
+    ]
     return statistics.fmean(losses)
+
+
+# ---- --device cuda: the same runs on the GPU ----
+# The model is bf16 on the GPU (the peer: torch.optim.AdamW(fused=True) on the bf16
+# parameters); batches are drawn on the CPU, from the same generator, then moved. Step times
+# are taken between torch.cuda.synchronize() calls; copies are counted at the pinned
+# host <-> device copy rate measured here; GPU memory is torch.cuda.max_memory_allocated().
+CUDA_DTYPE = torch.bfloat16
+
+
+def _check_device(device: str) -> torch.device:
+    if device == "cpu":
+        return torch.device("cpu")
+    if device not in ("cuda",) and not device.startswith("cuda:"):
+        raise SystemExit(f"--device: expected cpu or cuda, got {device!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            f"--device {device}: no GPU is visible to torch (torch.cuda.is_available() is False); "
+            "the demo runs on the CPU with --device cpu (the default)"
+        )
+    if not zenflow.cuda_available():
+        raise SystemExit(
+            f"--device {device}: this build of zenflow has no CUDA backend (zenflow.cuda_available() "
+            "is False); rebuild with ZENFLOW_WITH_CUDA=ON, or use --device cpu"
+        )
+    return torch.device(device)
+
+
+def pcie_bandwidth(device: torch.device) -> float:
+    """Bytes per second of pinned host <-> device copies (down and up, 64 MiB each)."""
+    host = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty_like(host, device=device)
+    samples = []
+    for _ in range(5):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        host.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return 2 * host.numel() / statistics.median(samples)
 
 
 def memcpy_bandwidth() -> float:
@@ -306,13 +350,16 @@ def pretrained(
     """The starting point of the fine-tuning runs: the model trained with torch.optim.AdamW on
     the Language Reference text, once, then cached beside the tokens."""
     size = PRESETS[config.model_size]
+    device = torch.device(config.device)
+    on = "" if device.type == "cpu" else "-cuda"  # pretrained on the GPU: other rounding
     path = (
-        folder / f"pretrained-{config.model_size}-seed{config.seed}-{size.pretrain_steps}steps.pt"
+        folder
+        / f"pretrained-{config.model_size}-seed{config.seed}-{size.pretrain_steps}steps{on}.pt"
     )
     if path.exists():
         return torch.load(path, weights_only=True)
     torch.manual_seed(config.seed)
-    model = GPT(size)
+    model = GPT(size).to(device)
     opt = torch.optim.AdamW(
         param_groups(model, config.weight_decay), lr=config.pretrain_lr, foreach=True
     )
@@ -320,7 +367,7 @@ def pretrained(
     gen = torch.Generator().manual_seed(config.seed + 7)
     bar = _progress(size.pretrain_steps, "pretrain", config.progress)
     for _ in range(size.pretrain_steps):
-        loss = model(*_batch(ids["pretrain"], size, gen))
+        loss = model(*(t.to(device) for t in _batch(ids["pretrain"], size, gen)))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -330,7 +377,7 @@ def pretrained(
             bar.update()
     if bar is not None:
         bar.close()
-    state = model.state_dict()
+    state = {key: value.cpu() for key, value in model.state_dict().items()}
     _save_atomic(state, path)
     return state
 
@@ -341,6 +388,8 @@ def pretrained(
 def _optimizer(name: str, model: torch.nn.Module, config: DemoConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, config.weight_decay)
     if name == "adamw":
+        if config.device != "cpu":
+            return torch.optim.AdamW(groups, lr=config.lr, fused=True)
         return torch.optim.AdamW(groups, lr=config.lr, foreach=True)
     if name == "sync":
         return ZenFlowAdamW(
@@ -371,8 +420,14 @@ def _progress(total: int, label: str, enabled: bool):
 def run_one(name: str, config: DemoConfig, ids: dict, start: dict, bandwidth: float) -> dict:
     size = PRESETS[config.model_size]
     train, held_out = ids["train"], ids["held_out"]
+    device = torch.device(config.device)
     model = GPT(size)
     model.load_state_dict(start)
+    if device.type == "cuda":
+        model.to(device, CUDA_DTYPE)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     parameters = sum(p.numel() for p in model.parameters())
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = _optimizer(name, model, config)
@@ -382,12 +437,14 @@ def run_one(name: str, config: DemoConfig, ids: dict, start: dict, bandwidth: fl
     record["held_out"].append((0, held_out_loss(model, held_out, size, config.eval_batches)))
     bar = _progress(config.steps, name, config.progress)
     for step in range(1, config.steps + 1):
-        ids, targets = _batch(train, size, gen)
+        ids, targets = (t.to(device) for t in _batch(train, size, gen))
+        sync()
         start = time.perf_counter()
         loss = model(ids, targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         record["step_seconds"].append(time.perf_counter() - start)
         schedule.step()
         record["train_loss"].append(loss.item())
@@ -408,19 +465,18 @@ def run_one(name: str, config: DemoConfig, ids: dict, start: dict, bandwidth: fl
         bar.close()
     if isinstance(opt, ZenFlowAdamW):
         opt.close()
+    if device.type == "cuda":
+        record["gpu_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
 
     steps = config.steps
     timed = record["step_seconds"][min(5, steps - 1) :]  # the first steps warm caches up
     step_seconds = statistics.median(timed)
     stall = 0.0
     bytes_down = bytes_up = 0.0
-    state_bytes = 2 * 4 * parameters  # torch.optim.AdamW: fp32 exp_avg and exp_avg_sq
+    # torch.optim.AdamW: exp_avg and exp_avg_sq, in the parameters' dtype
+    state_bytes = 2 * model_bytes
     if stats is not None:
-        stall = (
-            stats["stall_seconds_window_close"]
-            + stats["stall_seconds_back_pressure"]
-            + stats["stall_seconds_flush"]
-        ) / steps
+        stall = stall_seconds(stats) / steps
         bytes_down, bytes_up = stats["bytes_down"] / steps, stats["bytes_up"] / steps
         state_bytes = stats["device_state_bytes"]
     copies = (bytes_down + bytes_up) / bandwidth
@@ -487,6 +543,23 @@ def table(results: dict[str, dict]) -> str:
             ),
         ),
     ]
+    if all("gpu_max_memory_allocated" in r for r in results.values()):
+        rows.append(
+            (
+                "GPU memory peak (max_memory_allocated)",
+                lambda r: _mib(r["gpu_max_memory_allocated"]),
+            )
+        )
+        rows.append(
+            (
+                "GPU memory peak vs adamw",
+                lambda r: (
+                    f"{r['gpu_max_memory_allocated'] / base['gpu_max_memory_allocated']:.2f}x"
+                    if base
+                    else "-"
+                ),
+            )
+        )
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |")
@@ -552,11 +625,7 @@ def plot(results: dict[str, dict], path: Path, title: str) -> bool:
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    if config.device != "cpu":
-        raise SystemExit(
-            f"--device {config.device}: the engine's CUDA backend is not built yet; the demo runs on the CPU "
-            "(--device cpu, the default)"
-        )
+    device = _check_device(config.device)
     if config.model_size not in PRESETS:
         raise SystemExit(
             f"--model-size: expected one of {', '.join(PRESETS)}, got {config.model_size!r}"
@@ -566,7 +635,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     size = PRESETS[config.model_size]
     ids, data_info = tokens(size.vocab, config.cache)
     start = pretrained(config, ids, data_info.pop("folder"))
-    bandwidth = memcpy_bandwidth()
+    bandwidth = memcpy_bandwidth() if device.type == "cpu" else pcie_bandwidth(device)
     torch_threads = torch.get_num_threads()
     results = {}
     for name in config.runs:
@@ -588,6 +657,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             "zenflow": zenflow.__version__,
             "simd": zenflow.simd_level(),
             "memcpy_bytes_per_second": bandwidth,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         },
         "runs": results,
         "table": table(results),
@@ -597,7 +667,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
         (out / "table.md").write_text(summary["table"] + "\n")
-        title = f"zenflow demo: {config.model_size} GPT ({parameters / 1e6:.1f}M parameters), {config.steps} steps, CPU"
+        where = "CPU" if device.type == "cpu" else f"{torch.cuda.get_device_name(device)}, bf16"
+        title = f"zenflow demo: {config.model_size} GPT ({parameters / 1e6:.1f}M parameters), {config.steps} steps, {where}"
         summary["plot"] = str(out / "demo.png") if plot(results, out / "demo.png", title) else None
     return summary
 
@@ -607,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m zenflow demo", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--device", default="cpu", help="cpu (default); cuda needs the engine's CUDA backend"
+        "--device",
+        default="cpu",
+        help="cpu (default), or cuda: the three runs on the GPU, bf16 (needs a CUDA build of zenflow)",
     )
     parser.add_argument(
         "--model-size",
@@ -667,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
         f"zenflow demo: a {config.model_size} GPT ({summary['parameters'] / 1e6:.2f}M parameters, "
         f"{size.layers} layers, d_model {size.d_model}, vocab {size.vocab}), pretrained on "
         f"{summary['data']['pretrain_text']}, fine-tuned on {summary['data']['finetune_text']}: "
-        f"{config.steps} steps of {size.batch} x {size.context} tokens per run, CPU"
+        f"{config.steps} steps of {size.batch} x {size.context} tokens per run, "
+        + ("CPU" if config.device == "cpu" else f"{config.device}, bf16")
     )
     print()
     print(summary["table"])

@@ -24,7 +24,7 @@ from .config import (
 )
 from .cpu_adamw import default_num_threads
 
-__all__ = ["ZenFlowAdamW", "format_stats"]
+__all__ = ["ZenFlowAdamW", "format_stats", "stall_seconds"]
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The per-parameter entries of the engine's checkpoint (engine.h: zf_engine_state_kind).
@@ -121,6 +121,18 @@ class _Layout:
             )
         self.index_of = {id(p): i for i, p in enumerate(self.params)}
         self.grad_bytes = [p.numel() * p.element_size() for p in self.params]
+        # add_param_group keeps every parameter on one device: the engine's backend.
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+
+
+def _on_stream(engine: Any, device: torch.device) -> Any:
+    """The engine, told the current CUDA stream of `device` when the parameters live there:
+    its kernels then run after the work that produced the gradients (the backward, on the
+    caller's stream), and the caller's later work runs after them. The stream holds for every
+    later engine call until the next set_stream; the CPU engine has none."""
+    if device.type == "cuda":
+        engine.set_stream(torch.cuda.current_stream(device).cuda_stream)
+    return engine
 
 
 def _snapshot(param_groups: list[dict]) -> list[tuple]:
@@ -184,9 +196,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     as DeepSpeed does: its moments decay and weight decay applies; torch.optim.AdamW would
     skip it. A step where no parameter has a gradient does nothing.
 
-    Placement. Parameters on the CPU run on the engine's host backend. CUDA parameters will
-    run on the engine's CUDA backend, which is not built yet: they raise ValueError naming
-    the parameter.
+    Placement. Parameters on the CPU run on the engine's host backend; parameters on a CUDA
+    device run on its CUDA backend (a build of zenflow with CUDA), on the caller's current
+    stream, with the engine's device memory taken from torch's caching allocator (so
+    `torch.cuda.memory_allocated()` counts it). All parameters of one optimizer must be on
+    one device (one engine per device is not supported yet): another placement raises
+    ValueError naming the first parameter elsewhere. The optimizer state (`state_dict()`)
+    lives on the CPU for both backends, so a checkpoint saved on one loads on the other.
 
     Precision. float32, bfloat16 and float16 parameters; the optimizer state is float32,
     with an fp32 master copy of low-precision parameters (`master_weights="fp32"`).
@@ -329,12 +345,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 raise TypeError(
                     f"{where}zenflow: expected a bool, got {type(group['zenflow']).__name__}"
                 )
+            first = self._first_placed_param(index)
             for j, p in enumerate(group["params"]):
                 name = f"param_groups[{index}]['params'][{j}]"
-                if p.device.type != "cpu":
+                if first is None:
+                    first = (name, p.device)
+                elif p.device != first[1]:
                     raise ValueError(
-                        f"{name}: on {p.device}. ZenFlowAdamW runs parameters on the engine's host backend "
-                        "(CPU); the CUDA backend is not built yet. Keep the model on the CPU."
+                        f"{name}: on {p.device}, but {first[0]} is on {first[1]}; one engine per "
+                        "device is not supported yet: keep every parameter of a ZenFlowAdamW on one "
+                        "device (one optimizer per device)"
+                    )
+                if p.device.type not in ("cpu", "cuda"):
+                    raise ValueError(
+                        f"{name}: on {p.device}; ZenFlowAdamW takes CPU parameters (the engine's host "
+                        "backend) or CUDA parameters (its CUDA backend)"
                     )
                 if p.dtype not in _SUPPORTED_DTYPES:
                     raise TypeError(
@@ -345,6 +370,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
+
+    def _first_placed_param(self, groups: int) -> tuple[str, torch.device] | None:
+        """(name, device) of the first parameter of param_groups[:groups], None if none."""
+        for g in range(groups):
+            for j, p in enumerate(self.param_groups[g]["params"]):
+                return f"param_groups[{g}]['params'][{j}]", p.device
+        return None
 
     # ---- the engine ----
 
@@ -381,8 +413,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             state = self._carry_over(layout)
         engine, mode = self._new_engine(layout)
         try:
+            if layout.device.type == "cuda":
+                # From torch's caching allocator, on the current stream of the device; the
+                # engine keeps the tensor until it is closed.
+                memory = torch.empty(
+                    engine.device_memory_size(), dtype=torch.uint8, device=layout.device
+                )
+                engine.attach_device_memory(memory)
             if state is not None:
-                engine.load_state_dict(state)
+                _on_stream(engine, layout.device).load_state_dict(state)
         except BaseException:
             engine.close()
             raise
@@ -392,9 +431,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._snapshot = _snapshot(self.param_groups)
         self._zero_grads = {}
 
+    def _engine_on_stream(self) -> Any:
+        """The engine, on the caller's current stream (_on_stream): before every call that
+        runs work."""
+        return _on_stream(self._engine, self._layout.device)
+
     def _carry_over(self, layout: _Layout) -> dict:
         old_layout = self._layout
-        old = self._engine.state_dict()  # flushes
+        old = self._engine_on_stream().state_dict()  # flushes
         entries = []
         for i, p in enumerate(layout.params):
             j = old_layout.index_of.get(id(p))
@@ -455,7 +499,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._step(split)
         except BaseException:
             if split is not None and self._engine is not None:
-                self._engine.abort_step()
+                self._engine_on_stream().abort_step()
             raise
         finally:
             self._loss_scaled = False
@@ -486,7 +530,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         layout = self._layout
         if self._engine_is_stale(layout):
             if split is not None:
-                self._engine.abort_step()
+                self._engine_on_stream().abort_step()
                 split = None
             self._rebuild_engine()
             layout = self._layout
@@ -506,14 +550,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if grad_scale is not None:
             inverse = grad_scale.double().reciprocal().float()
             torch._foreach_mul_([p.grad for p in layout.params if p.grad is not None], inverse)
-        self._engine.step(grads, self._learning_rates())
+        self._engine_on_stream().step(grads, self._learning_rates())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad. A step that overlap_backward opened and step() did not finish
         (a backward that raised) is discarded first: the engine is as before it."""
         split, self._split = self._split, None
         if split is not None:
-            self._engine.abort_step()
+            self._engine_on_stream().abort_step()
         super().zero_grad(set_to_none=set_to_none)
 
     # ---- loss scaling ----
@@ -577,7 +621,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             "stale": self._engine_is_stale(layout),
         }
         if not split["stale"]:
-            self._engine.begin_step(self._learning_rates())
+            self._engine_on_stream().begin_step(self._learning_rates())
         return split
 
     def _on_gradient(self, param: torch.Tensor) -> None:
@@ -616,7 +660,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _submit(self, split: dict, first: int, stop: int) -> None:
         params = self._layout.params
-        self._engine.submit(first, [self._gradient(params[j]) for j in range(first, stop)])
+        self._engine_on_stream().submit(
+            first, [self._gradient(params[j]) for j in range(first, stop)]
+        )
         status = split["status"]
         for j in range(first, stop):
             status[j] = 2
@@ -632,14 +678,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             while j < len(status) and status[j] != 2:
                 j += 1
             self._submit(split, first, j)
-        self._engine.end_step()
+        self._engine_on_stream().end_step()
 
     # ---- state ----
 
     def flush(self) -> None:
         """Applies every pending host update: afterwards the parameters hold the exact
         current weights and the host threads are idle."""
-        self._engine.flush()
+        self._engine_on_stream().flush()
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (steps, windows, stalls, bytes moved, ...) and the loss
@@ -667,7 +713,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         depend on which columns were selected or where the state lived."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
-        saved = self._engine.state_dict()
+        saved = self._engine_on_stream().state_dict()
         numbering = self._torch_indices()
         state: dict[int, dict] = {}
         for i, p in enumerate(self._layout.params):
@@ -787,7 +833,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         try:
             split, self._split = self._split, None
             if split is not None:
-                self._engine.abort_step()
+                self._engine_on_stream().abort_step()
             self._rebuild_engine(engine_state)
         except BaseException:
             for group, previous in zip(self.param_groups, previous_groups):
@@ -859,13 +905,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return entry
 
 
-def format_stats(stats: dict[str, Any]) -> str:
-    """A one-line summary of ZenFlowAdamW.stats() (or zenflow._C.Engine.stats()) for logs."""
-    stall = (
+def stall_seconds(stats: dict[str, Any]) -> float:
+    """The training thread's total wait inside the engine (ZenFlowAdamW.stats()): window
+    closes, staging back-pressure, flushes and, on CUDA, statistics read back from the
+    device (dynamic loss scaling, the auto interval, window scores)."""
+    return (
         stats.get("stall_seconds_window_close", 0.0)
         + stats.get("stall_seconds_back_pressure", 0.0)
         + stats.get("stall_seconds_flush", 0.0)
+        + stats.get("stall_seconds_readback", 0.0)
     )
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """A one-line summary of ZenFlowAdamW.stats() (or zenflow._C.Engine.stats()) for logs."""
+    stall = stall_seconds(stats)
 
     def size(count: float) -> str:
         for unit in ("B", "KiB", "MiB", "GiB"):
@@ -883,11 +937,17 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"selected {100.0 * stats.get('selected_fraction', 0.0):.1f}%",
         f"stall {1e3 * stall:.1f} ms (close {1e3 * stats.get('stall_seconds_window_close', 0.0):.1f}, "
         f"back-pressure {1e3 * stats.get('stall_seconds_back_pressure', 0.0):.1f}, "
-        f"flush {1e3 * stats.get('stall_seconds_flush', 0.0):.1f})",
+        f"flush {1e3 * stats.get('stall_seconds_flush', 0.0):.1f}, "
+        f"readback {1e3 * stats.get('stall_seconds_readback', 0.0):.1f})",
         f"host update {stats.get('host_update_seconds', 0.0):.2f} s",
         f"down {size(stats.get('bytes_down', 0))} up {size(stats.get('bytes_up', 0))}",
         f"state device {size(stats.get('device_state_bytes', 0))} host {size(stats.get('host_state_bytes', 0))}",
     ]
+    if stats.get("pinned_host_bytes"):  # the CUDA backend
+        parts.append(
+            f"device memory {size(stats.get('device_bytes', 0))} "
+            f"pinned {size(stats.get('pinned_host_bytes', 0))}"
+        )
     if "loss_scale" in stats:
         parts.append(f"loss scale {stats['loss_scale']:g}")
     return " | ".join(parts)

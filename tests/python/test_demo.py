@@ -20,6 +20,7 @@ import json
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("matplotlib")
@@ -97,6 +98,9 @@ def test_outputs(results):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_cuda_is_a_clear_error():
-    with pytest.raises(SystemExit, match="CUDA backend"):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(SystemExit, match="no GPU is visible"):
         demo.run_demo(demo.DemoConfig(device="cuda"))
+    with pytest.raises(SystemExit, match="expected cpu or cuda"):
+        demo.run_demo(demo.DemoConfig(device="tpu"))

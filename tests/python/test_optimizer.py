@@ -639,8 +639,16 @@ def test_add_param_group_after_steps_and_changed_weight_decay():
 
 def test_parameters_on_another_device_raise_naming_them():
     on_meta = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
-    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\].*CUDA backend"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[0\]\['params'\]\[1\]: on meta, but param_groups\[0\]\['params'\]\[0\] "
+        r"is on cpu; one engine per device is not supported yet",
+    ):
         zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(3)), on_meta])
+    with pytest.raises(
+        ValueError, match=r"param_groups\[0\]\['params'\]\[0\]: on meta; .*CPU .*CUDA"
+    ):
+        zenflow.ZenFlowAdamW([on_meta])
     with pytest.raises(TypeError, match="dtype"):
         zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
     with pytest.raises(ValueError, match="betas and eps"):
@@ -650,6 +658,142 @@ def test_parameters_on_another_device_raise_naming_them():
                 {"params": [torch.nn.Parameter(torch.zeros(3))], "betas": (0.8, 0.9)},
             ]
         )
+
+
+def test_parameters_across_groups_on_two_devices_raise_naming_the_first_elsewhere():
+    cpu = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(2))]
+    on_meta = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[2\]\['params'\]\[1\]: on meta, but param_groups\[0\]\['params'\]\[0\] is on cpu",
+    ):
+        zenflow.ZenFlowAdamW([{"params": cpu[:1]}, {"params": []}, {"params": [cpu[1], on_meta]}])
+    # After construction: the group is rejected and nothing changes.
+    opt = zenflow.ZenFlowAdamW([{"params": []}, {"params": cpu}], lr=1e-2, **CONFIG)
+    with pytest.raises(
+        ValueError, match=r"param_groups\[2\]\['params'\]\[0\].*one engine per device"
+    ):
+        opt.add_param_group({"params": [on_meta]})
+    assert len(opt.param_groups) == 2
+    for p in cpu:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    opt.flush()
+    assert all(torch.all(p != 0) for p in cpu)
+
+
+def test_cpu_engine_takes_no_stream_and_reports_the_cuda_stats_fields():
+    """What the CUDA path adds, on the host backend: set_stream accepts only the NULL stream
+    (0), attach_device_memory checks its tensor and the stats carry the new fields."""
+    params = [torch.zeros(6, 5), torch.zeros(4)]
+    engine = zenflow._C.Engine(params, [{"params": [0, 1], "lr": 1e-2}], {"topk_ratio": 0.4})
+    engine.set_stream(0)
+    with pytest.raises(ValueError, match="stream"):
+        engine.set_stream(12345)
+    with pytest.raises(ValueError, match="stream"):
+        engine.set_stream(-1)
+    with pytest.raises(TypeError, match="stream"):
+        engine.set_stream("default")
+    size = engine.device_memory_size()
+    assert size > 0
+    with pytest.raises(TypeError, match="memory"):
+        engine.attach_device_memory(bytearray(size))
+    with pytest.raises(ValueError, match="memory: expected dtype torch.uint8"):
+        engine.attach_device_memory(torch.empty(size, dtype=torch.int32))
+    with pytest.raises(ValueError, match="memory: must be contiguous"):
+        engine.attach_device_memory(torch.empty(2 * size, dtype=torch.uint8)[::2])
+    with pytest.raises(
+        ValueError, match=f"memory: holds {size - 1} bytes, the engine needs {size}"
+    ):
+        engine.attach_device_memory(torch.empty(size - 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="memory: on meta, the parameters are on cpu"):
+        engine.attach_device_memory(torch.empty(size, dtype=torch.uint8, device="meta"))
+    backing = torch.full((size + 512,), 0xAB, dtype=torch.uint8)
+    aligned = (-backing.data_ptr()) % 256
+    with pytest.raises(ValueError, match="memory: not 256-byte aligned"):
+        engine.attach_device_memory(backing[aligned + 1 : aligned + 1 + size])
+    engine.attach_device_memory(backing[aligned : aligned + size])
+    del backing  # the engine keeps its view alive
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        engine.step([torch.randn(6, 5, generator=gen), torch.randn(4, generator=gen)])
+    stats = engine.stats()
+    assert stats["stall_seconds_readback"] == 0.0  # the host backend never reads back
+    assert stats["device_bytes"] == size
+    assert stats["pinned_host_bytes"] >= 0
+    engine.close()
+
+
+class _StreamRecorder:
+    """Stands in for the engine of an optimizer whose parameters the test declares to be on
+    CUDA: records set_stream (which the CPU engine would refuse for a non-NULL stream) and
+    every call that runs work, and forwards the work to the real CPU engine."""
+
+    WORK = (
+        "step",
+        "begin_step",
+        "submit",
+        "end_step",
+        "abort_step",
+        "flush",
+        "state_dict",
+        "load_state_dict",
+    )
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = []
+
+    def set_stream(self, handle):
+        self.calls.append(("set_stream", handle))
+
+    def __getattr__(self, name):
+        attr = getattr(self.engine, name)
+        if name not in self.WORK:
+            return attr
+
+        def work(*args, **kwargs):
+            self.calls.append((name,))
+            return attr(*args, **kwargs)
+
+        return work
+
+
+def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeypatch):
+    """The wiring of the CUDA path, on the CPU: with the parameters declared on cuda:0, each
+    engine call that runs work (step, the split form of overlap_backward, abort_step, flush,
+    state_dict) is preceded by set_stream(torch.cuda.current_stream(device).cuda_stream)."""
+    model = make_model("mlp")
+    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
+    recorder = _StreamRecorder(opt._engine)
+    opt._engine = recorder
+    opt._layout.device = torch.device("cuda", 0)
+    asked = []
+
+    class FakeStream:
+        cuda_stream = 0xC0DE
+
+    def current_stream(device=None):
+        asked.append(device)
+        return FakeStream()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    train(model, opt, steps=2)
+    handle = opt.overlap_backward(model)
+    train(model, opt, steps=2, start=2)
+    loss_of(model, *batch("mlp", 4)).backward()  # a backward whose step never comes
+    opt.zero_grad()  # aborts the split step it opened
+    handle.remove()
+    opt.flush()
+    opt.state_dict()
+    names = [call[0] for call in recorder.calls]
+    work = [i for i, name in enumerate(names) if name != "set_stream"]
+    assert {names[i] for i in work} == set(_StreamRecorder.WORK) - {"load_state_dict"}
+    for i in work:
+        assert i > 0 and recorder.calls[i - 1] == ("set_stream", 0xC0DE), (i, recorder.calls)
+    assert asked and all(device == torch.device("cuda", 0) for device in asked)
+    opt._engine = recorder.engine
+    opt.close()
 
 
 def test_frozen_parameters_are_left_alone_until_they_have_a_gradient():

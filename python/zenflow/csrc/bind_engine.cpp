@@ -211,6 +211,7 @@ class PyEngine {
     engine_ = created;
     params_ = py::list(param_list);
     group_count_ = group_count;
+    device_ = tensors.empty() ? zf_device{ZF_DEVICE_CPU, 0} : tensors[0].device;
     torch_params_ =
         !tensors.empty() && std::string(py::str(py::type::of(params_[0]).attr("__module__"))).rfind("torch", 0) == 0;
   }
@@ -221,8 +222,61 @@ class PyEngine {
     if (engine_ == nullptr) return;
     zf_engine* engine = engine_;
     engine_ = nullptr;
-    py::gil_scoped_release release;
-    zf_engine_destroy(engine);
+    {
+      py::gil_scoped_release release;
+      zf_engine_destroy(engine);
+    }
+    // Only now: the engine no longer uses the attached memory (destroy waits for its lanes).
+    memory_ = py::none();
+  }
+
+  // The compute stream of every later call (engine.h: zf_engine_set_stream): a cudaStream_t
+  // as an integer (torch.cuda.Stream.cuda_stream), 0 for the legacy default stream; the host
+  // backend takes only 0.
+  void set_stream(const py::object& handle) {
+    zf_engine* engine = live();
+    const int64_t value = integer(handle, "stream");
+    if (value < 0)
+      throw py::value_error("stream: expected a cudaStream_t handle (an integer >= 0), got " + std::to_string(value));
+    check(zf_engine_set_stream(engine, reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+  }
+
+  // The engine's device memory from the caller (engine.h: query with device_memory_size,
+  // then attach before the first step or load): a contiguous torch.uint8 tensor of at least
+  // device_memory_size() elements on the parameters' device. The engine keeps a reference,
+  // so the memory lives as long as the engine.
+  void attach_device_memory(const py::object& memory) {
+    zf_engine* engine = live();
+    const py::module_ torch = py::module_::import("torch");
+    if (!py::isinstance(memory, torch.attr("Tensor"))) {
+      throw py::type_error("memory: expected a torch.Tensor of dtype torch.uint8, got " +
+                           std::string(py::str(py::type::of(memory).attr("__name__"))));
+    }
+    if (!memory.attr("dtype").equal(torch.attr("uint8"))) {
+      throw py::value_error("memory: expected dtype torch.uint8, got " + std::string(py::str(memory.attr("dtype"))));
+    }
+    if (!memory.attr("is_contiguous")().cast<bool>()) throw py::value_error("memory: must be contiguous");
+    const py::object device = memory.attr("device");
+    const std::string type = py::str(device.attr("type"));
+    const bool on_cuda = type == "cuda";
+    const int64_t index = device.attr("index").is_none() ? 0 : device.attr("index").cast<int64_t>();
+    const bool same_device = device_.type == ZF_DEVICE_CUDA ? on_cuda && index == device_.index : type == "cpu";
+    if (!same_device) {
+      const std::string want =
+          device_.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device_.index) : std::string("cpu");
+      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " + want);
+    }
+    size_t needed = 0;
+    check(zf_engine_device_memory_size(engine, &needed));
+    const int64_t bytes = memory.attr("numel")().cast<int64_t>();
+    if (bytes < 0 || static_cast<size_t>(bytes) < needed) {
+      throw py::value_error("memory: holds " + std::to_string(bytes) + " bytes, the engine needs " +
+                            std::to_string(needed) + " (device_memory_size())");
+    }
+    void* data = PyLong_AsVoidPtr(memory.attr("data_ptr")().ptr());
+    if (data == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    call([&] { return zf_engine_attach_device_memory(engine, data, static_cast<size_t>(bytes)); });
+    memory_ = memory;
   }
 
   void step(const py::object& grads, const py::object& lrs) {
@@ -293,6 +347,9 @@ class PyEngine {
     out["selected_fraction"] = s.selected_fraction;
     out["device_state_bytes"] = s.device_state_bytes;
     out["host_state_bytes"] = s.host_state_bytes;
+    out["stall_seconds_readback"] = s.stall_seconds_readback;
+    out["device_bytes"] = s.device_bytes;
+    out["pinned_host_bytes"] = s.pinned_host_bytes;
     return out;
   }
 
@@ -451,7 +508,9 @@ class PyEngine {
   }
 
   zf_engine* engine_ = nullptr;
-  py::list params_;  // keeps the parameters alive at the addresses the engine holds
+  py::list params_;                     // keeps the parameters alive at the addresses the engine holds
+  py::object memory_ = py::none();      // the attached device memory, released after destroy
+  zf_device device_{ZF_DEVICE_CPU, 0};  // the parameters' device
   py::list submitted_;
   size_t group_count_ = 0;
   bool torch_params_ = false;
@@ -464,8 +523,15 @@ void register_engine(py::module_& m) {
 The zenflow engine: the whole stall-free pipeline as one object (see docs/design.md).
 
 Engine(params, groups, config=None)
-  params: list of CPU tensors (fp32, bf16 or fp16, contiguous), updated in place. Keep them
-          alive and at the same address for the engine's lifetime.
+  params: list of tensors (fp32, bf16 or fp16, contiguous), updated in place, all on the CPU
+          (the host backend) or all on one CUDA device (the CUDA backend, in a build with
+          CUDA). Keep them alive and at the same address for the engine's lifetime.
+
+CUDA parameters: call set_stream(torch.cuda.current_stream(device).cuda_stream) before the
+calls that run work (step, begin_step, submit, end_step, abort_step, flush, state_dict,
+load_state_dict), and attach_device_memory(torch.empty(device_memory_size(),
+dtype=torch.uint8, device=device)) before the first step or load. The state_dict buffers are
+CPU tensors for both backends, so a checkpoint loads across them.
   groups: list of dicts {"params": [indices into params], "lr": float,
           "weight_decay": float (0), "dense": bool (False)}; each parameter in exactly one.
   config: dict of engine settings (topk_ratio, update_interval, overlap_step, ...); missing
@@ -484,7 +550,14 @@ Engine(params, groups, config=None)
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
       .def("stats", &PyEngine::stats)
       .def_property_readonly("loss_scale", &PyEngine::loss_scale)
-      .def("device_memory_size", &PyEngine::device_memory_size)
+      .def("device_memory_size", &PyEngine::device_memory_size,
+           "Bytes of device memory the engine needs (attach_device_memory), known at creation.")
+      .def("attach_device_memory", &PyEngine::attach_device_memory, py::arg("memory"),
+           "Gives the engine its device memory before the first step or load: a contiguous torch.uint8 "
+           "tensor of at least device_memory_size() elements on the parameters' device; the engine keeps it.")
+      .def("set_stream", &PyEngine::set_stream, py::arg("stream"),
+           "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call; "
+           "the host backend takes only 0.")
       .def("state_dict", &PyEngine::state_dict,
            "Flushes, then returns the optimizer state (independent of the selection).")
       .def("load_state_dict", &PyEngine::load_state_dict, py::arg("state"))
