@@ -42,13 +42,16 @@ GROUPS = [
     {"params": [7], "lr": 1.5e-2, "weight_decay": 0.05, "dense": True},
 ]
 COUNTERS = ("steps", "windows", "reselections", "skipped_steps", "bytes_down", "bytes_up")
-# Re-selection every 2 windows, clipping, overlap: the default path of the tests below.
+# Re-selection every 2 windows, overlap: the default path of the tests below. No clipping
+# in the bitwise tests: the clip coefficient comes from the column sums of squares, which
+# the kernel and its host twin may round differently in the last bit (zenflow/norms.h);
+# clipping has its own test, with a tolerance of that size.
 BASE = dict(
     topk_ratio=0.1,
     update_interval=2,
     select_strategy="step",
     select_interval=4,
-    max_grad_norm=1.0,
+    max_grad_norm=None,
     overlap_step=True,
 )
 
@@ -122,24 +125,35 @@ def drive(engine, grads, lrs, split):
     engine.end_step()
 
 
-def assert_same_weights(cuda_params, cpu_params, what):
+def _close(got, want, exact):
+    if exact:
+        return torch.equal(got, want)
+    if not got.is_floating_point():
+        return torch.equal(got, want)
+    # one ulp of the clip coefficient: fp32 state within 1e-5; a low-precision weight may
+    # round the other way (one ulp of its dtype)
+    rtol = 1e-5 if got.dtype == torch.float32 else 2.0**-7
+    return torch.allclose(got.float(), want.float(), rtol=rtol, atol=1e-6)
+
+
+def assert_same_weights(cuda_params, cpu_params, what, exact=True):
     # .cpu() runs on the current stream: the engine's compute stream in these tests.
     for i, (d, h) in enumerate(zip(cuda_params, cpu_params)):
         got = d.cpu()
-        assert got.dtype == h.dtype and torch.equal(got, h), f"{what}: param {i} differs"
+        assert got.dtype == h.dtype and _close(got, h, exact), f"{what}: param {i} differs"
 
 
-def assert_same_state(a, b, what):
+def assert_same_state(a, b, what, exact=True):
     for i, (ea, eb) in enumerate(zip(a["params"], b["params"])):
         assert set(ea) == set(eb), f"{what}: param {i} entries"
         for key in ea:
             assert ea[key].device.type == "cpu", f"{what}: state {i}.{key} not on the CPU"
-            assert torch.equal(ea[key], eb[key]), f"{what}: state {i}.{key} differs"
+            assert _close(ea[key], eb[key], exact), f"{what}: state {i}.{key} differs"
     assert a["schedule"] == b["schedule"], what
     assert a["loss_scaler"] == b["loss_scaler"], what
 
 
-def run_pair(config, steps, dtype, split=None, overflow_at=None, scale=1.0):
+def run_pair(config, steps, dtype, split=None, overflow_at=None, scale=1.0, exact=True):
     """The CUDA and the host engine from the same parameters and gradients, compared after
     every step, then their flushed states. Returns both engines and parameter lists."""
     cpu_params = make_params(dtype)
@@ -153,12 +167,12 @@ def run_pair(config, steps, dtype, split=None, overflow_at=None, scale=1.0):
             grads[3].view(-1)[2] = float("inf")
         drive(host, grads, lrs_at(t), split)
         drive(device, [g.to(DEV) for g in grads], lrs_at(t), split)
-        assert_same_weights(cuda_params, cpu_params, f"after step {t + 1}")
+        assert_same_weights(cuda_params, cpu_params, f"after step {t + 1}", exact)
     stats_d, stats_h = device.stats(), host.stats()
     for key in COUNTERS:
         assert stats_d[key] == stats_h[key], key
-    assert_same_state(device.state_dict(), host.state_dict(), "flushed state")
-    assert_same_weights(cuda_params, cpu_params, "after the flush")
+    assert_same_state(device.state_dict(), host.state_dict(), "flushed state", exact)
+    assert_same_weights(cuda_params, cpu_params, "after the flush", exact)
     return device, host, cuda_params, cpu_params
 
 
@@ -181,8 +195,16 @@ def test_split_submit_form():
     run_pair(BASE, steps=9, dtype=torch.bfloat16, split=[1, 2, 2, 3])
 
 
-def test_no_clipping_and_no_master_weights():
-    config = dict(BASE, max_grad_norm=None, master_weights="none")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_clipping_within_the_last_bit_of_the_column_sums(dtype):
+    config = dict(BASE, max_grad_norm=1.0)
+    device, host, _, _ = run_pair(config, steps=9, dtype=dtype, split=[1, 2, 2, 3], exact=False)
+    norm_d, norm_h = device.stats()["last_global_norm"], host.stats()["last_global_norm"]
+    assert abs(norm_d - norm_h) <= 1e-6 * norm_h
+
+
+def test_no_master_weights():
+    config = dict(BASE, master_weights="none")
     run_pair(config, steps=7, dtype=torch.bfloat16)
 
 
@@ -193,9 +215,7 @@ def test_auto_interval_and_window_scores_read_back():
 
 
 def test_fp16_dynamic_loss_scaling_with_an_overflow_step():
-    config = dict(
-        BASE, loss_scaling="dynamic", initial_scale=1024.0, growth_interval=3, max_grad_norm=1.0
-    )
+    config = dict(BASE, loss_scaling="dynamic", initial_scale=1024.0, growth_interval=3)
     device, host, _, _ = run_pair(config, steps=9, dtype=torch.float16, overflow_at=4, scale=0.01)
     assert device.stats()["skipped_steps"] == host.stats()["skipped_steps"] == 1
     assert device.loss_scale == host.loss_scale
@@ -312,9 +332,7 @@ def _optimizer_run(device, dtype, overlap, steps, options, checkpoint_at=None, r
 
 
 OPTIONS = [
-    pytest.param(
-        torch.bfloat16, dict(topk_ratio=0.1, update_interval=2, max_grad_norm=1.0), id="bf16"
-    ),
+    pytest.param(torch.bfloat16, dict(topk_ratio=0.1, update_interval=2), id="bf16"),
     pytest.param(torch.float32, dict(topk_ratio=0.1, overlap_step=False), id="fp32"),
     pytest.param(
         torch.float16,
