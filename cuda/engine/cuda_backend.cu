@@ -19,6 +19,7 @@
 #include "common/device_ops.hpp"
 #include "common/error.hpp"
 #include "common/step_scalars.hpp"
+#include "common/tensor.hpp"
 #include "cuda/common/cuda_check.cuh"
 #include "engine/backend.hpp"
 
@@ -73,23 +74,11 @@ class CudaEvent final : public BackendEvent {
   cudaEvent_t event_ = nullptr;
 };
 
+// A contiguous descriptor on the device: [rows] when cols < 0, else [rows, cols].
 zf_tensor device_tensor(const void* data, zf_dtype dtype, int device, int64_t rows, int64_t cols) {
-  zf_tensor t{};
-  t.data = const_cast<void*>(data);
-  t.dtype = dtype;
-  t.device = zf_device{ZF_DEVICE_CUDA, device};
-  if (cols < 0) {  // 1-D [rows]
-    t.ndim = 1;
-    t.shape[0] = rows;
-    t.strides[0] = 1;
-  } else {
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.strides[0] = cols;
-    t.strides[1] = 1;
-  }
-  return t;
+  const zf_device where{ZF_DEVICE_CUDA, device};
+  return cols < 0 ? contiguous_descriptor(data, dtype, where, {rows})
+                  : contiguous_descriptor(data, dtype, where, {rows, cols});
 }
 
 class CudaBackend final : public Backend {

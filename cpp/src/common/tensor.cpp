@@ -23,6 +23,23 @@ std::string describe_device(const zf_device& device) {
   return "unknown device " + std::to_string(static_cast<int>(device.type));
 }
 
+zf_tensor contiguous_descriptor(const void* data, zf_dtype dtype, zf_device device,
+                                std::initializer_list<int64_t> shape) {
+  zf_tensor t{};
+  t.data = const_cast<void*>(data);
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) t.shape[d++] = s;
+  int64_t stride = 1;
+  for (d = t.ndim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
 int64_t numel(const zf_tensor& t) {
   int64_t n = 1;
   for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];

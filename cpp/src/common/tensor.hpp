@@ -53,6 +53,9 @@ std::string describe_device(const zf_device& device);
 
 // Element count of a descriptor whose shape check_descriptor accepted (no overflow then).
 int64_t numel(const zf_tensor& t);
+// A contiguous (row-major) descriptor of `shape` (at most ZF_MAX_DIMS dimensions).
+zf_tensor contiguous_descriptor(const void* data, zf_dtype dtype, zf_device device,
+                                std::initializer_list<int64_t> shape);
 bool is_contiguous(const zf_tensor& t);
 
 // Non-null descriptor with a known dtype and device type, 0 <= ndim <= ZF_MAX_DIMS,

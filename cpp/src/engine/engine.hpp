@@ -129,6 +129,9 @@ class Engine {
   size_t find_nonfinite(const zf_tensor* grads) const;
   void defer_bucket(Bucket& bucket, const zf_tensor* grads);
   void defer_bucket_early(Bucket& bucket);
+  // Claims the next staging slot (waiting for the host to free it: back-pressure) and packs
+  // the bucket's deferred gradient columns into it; returns the slot.
+  size_t pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.hpp"
+#include "common/tensor.hpp"
 #include "engine/engine.hpp"
 #include "ops/select_topk_plan.hpp"
 #include "zenflow/cpu_adamw.h"
@@ -13,19 +14,7 @@ namespace zf {
 namespace {
 
 zf_tensor host_tensor(const void* data, zf_dtype dtype, std::initializer_list<int64_t> shape) {
-  zf_tensor t{};
-  t.data = const_cast<void*>(data);
-  t.dtype = dtype;
-  t.device = zf_device{ZF_DEVICE_CPU, 0};
-  t.ndim = static_cast<int32_t>(shape.size());
-  int d = 0;
-  for (int64_t s : shape) t.shape[d++] = s;
-  int64_t stride = 1;
-  for (d = t.ndim - 1; d >= 0; --d) {
-    t.strides[d] = stride;
-    stride *= t.shape[d];
-  }
-  return t;
+  return contiguous_descriptor(data, dtype, zf_device{ZF_DEVICE_CPU, 0}, shape);
 }
 
 void check_call(zf_status status, const char* what) {

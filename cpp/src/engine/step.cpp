@@ -110,18 +110,24 @@ void Engine::abort_step() {
   split_has_lrs_ = false;
 }
 
-void Engine::defer_bucket_early(Bucket& b) {
-  if (b.packed_bytes == 0) return;
+size_t Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
   const size_t slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
-  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot from an earlier step
+  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot
     wait_job(slot_jobs_[slot], &stall_back_pressure_);
     slot_jobs_[slot].reset();
   }
-  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = submitted_[matrices_[i].param];
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
   backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
   backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
+  return slot;
+}
+
+void Engine::defer_bucket_early(Bucket& b) {
+  if (b.packed_bytes == 0) return;
+  const size_t slot = pack_into_next_slot(b, submitted_.data());
+  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   backend_->copy_down(host_slots_.data() + slot * slot_stride_ + kSlotHeaderBytes, device_slot + kSlotHeaderBytes,
                       b.packed_bytes);
@@ -402,16 +408,8 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
 
 void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
-  const size_t slot = next_slot_;
-  next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
-  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot
-    wait_job(slot_jobs_[slot], &stall_back_pressure_);
-    slot_jobs_[slot].reset();
-  }
-  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
+  const size_t slot = pack_into_next_slot(b, grads);
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
-  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
-  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
   const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
   backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
