@@ -13,6 +13,7 @@
 //
 // A Tile provides, on V (8 fp32 lanes):
 //   load<dtype>(base, i)        elements i..i+7 of an f32, bf16 or f16 array widened to fp32
+//   gather<dtype>(row, columns) elements columns[0..7] of `row`, widened
 //   store<dtype>(base, i, v)    the same 8 elements written, rounding to nearest even
 //                               exactly as zf::store_from_float does
 //   set1(float), mul(V, V)      broadcast; lane-wise product, one rounding
@@ -77,6 +78,14 @@ struct PortablePackTile {
   static void store(void* base, int64_t i, const V& v) {
     auto* p = static_cast<typename PackStorage<kDtype>::Type*>(base) + i;
     for (int l = 0; l < 8; ++l) p[l] = pack_store_scalar<kDtype>(v.lane[l]);
+  }
+  // Elements columns[0..7] of `row` (any columns), widened.
+  template <int kDtype>
+  static V gather(const void* row, const int64_t* columns) {
+    const auto* p = static_cast<const typename PackStorage<kDtype>::Type*>(row);
+    V v;
+    for (int l = 0; l < 8; ++l) v.lane[l] = pack_load_scalar<kDtype>(p[columns[l]]);
+    return v;
   }
   static V set1(float x) {
     V v;
@@ -154,9 +163,7 @@ void pack_block_typed(const zf::simd::PackBlockArgs& a) {
       if (run) {
         v[q] = Tile::template load<kMatrix>(row, c0);
       } else {
-        MatrixStorage gathered[kPackTile];
-        for (int64_t l = 0; l < kPackTile; ++l) gathered[l] = row[columns[j0 + l]];
-        v[q] = Tile::template load<kMatrix>(gathered, 0);
+        v[q] = Tile::template gather<kMatrix>(row, columns + j0);
       }
       v[q] = Tile::mul(v[q], scale_v);
     }
