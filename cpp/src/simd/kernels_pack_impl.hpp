@@ -18,9 +18,10 @@
 //                               exactly as zf::store_from_float does
 //   set1(float), mul(V, V)      broadcast; lane-wise product, one rounding
 //   transpose(V (&rows)[8])     rows[i] lane j <-> rows[j] lane i
-// Columns that are not consecutive in the matrix (a selected column between them) go through
-// a small gathered copy; every element still sees the same operations, so results are
-// bitwise identical to the element-wise definition at every level and for every block split.
+// Columns that are not consecutive in the matrix (a selected column between them) are
+// gathered, or scattered, lane by lane; every element still sees the same operations, so
+// results are bitwise identical to the element-wise definition at every level and for every
+// block split.
 #pragma once
 
 #include <cstdint>
