@@ -58,8 +58,9 @@ class ModelSize:
 
 
 # Sizes of the demo's model. The optimizer's share of a step grows with the parameter count
-# per token of the batch: "large" (26M parameters, 2 x 32 tokens) is where the host update is
-# most of a synchronous-offload step on a 2-core machine.
+# per token of the batch: "large" (33.6M parameters, 2 x 32 tokens) is where the optimizer
+# (the host update and the engine's device-side ops) is the largest share of a step on a
+# 2-core machine.
 PRESETS: dict[str, ModelSize] = {
     "tiny": ModelSize(
         d_model=64, layers=2, heads=4, context=64, vocab=1024, batch=8, pretrain_steps=300

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "common/adam_math.hpp"
+#include "common/column_index.hpp"
 #include "common/thread_pool.hpp"
 #include "ops/adamw_selected_plan.hpp"
 #include "test_util.hpp"
@@ -341,6 +342,83 @@ TEST(AdamwSelected, BitwiseIdenticalAcrossPoolSizes) {
     EXPECT_EQ(results[r].exp_avg, results[0].exp_avg);
     EXPECT_EQ(results[r].exp_avg_sq, results[0].exp_avg_sq);
     EXPECT_EQ(results[r].steps, results[0].steps);
+  }
+}
+
+// The element-wise definition the CUDA kernel computes (common/adam_math.hpp), applied one
+// element at a time: the host twin must give exactly these bits at every SIMD level.
+void apply_definition(Case& c, float scale, const zf_adam_hparams& o) {
+  const int64_t k = static_cast<int64_t>(c.steps.size()), cols = c.param.cols;
+  const bool dense = static_cast<int64_t>(c.selected.size()) != k;  // dense cases keep no list
+  for (int64_t j = 0; j < k; ++j) {
+    const zf::AdamHyperParams hyper{c.lr, o.beta1, o.beta2, o.eps, c.weight_decay, o.mode == ZF_ADAM_MODE_ADAMW};
+    const zf::AdamStepScalars scalars = zf::adam_step_scalars(hyper, int64_t{c.steps[static_cast<size_t>(j)]} + 1);
+    const int64_t column = dense ? j : c.selected[static_cast<size_t>(j)];
+    for (int64_t r = 0; r < c.param.rows; ++r) {
+      const size_t slot = static_cast<size_t>(r * k + j);
+      const int64_t element = r * cols + column;
+      const float g = zf::load_as_float(c.grad.data(), c.grad.dtype, element) * scale;
+      float value = c.master.empty() ? zf::load_as_float(c.param.data(), c.param.dtype, element) : c.master[slot];
+      zf::adam_update_element(value, c.exp_avg[slot], c.exp_avg_sq[slot], g, scalars);
+      if (!c.master.empty()) c.master[slot] = value;
+      zf::store_from_float(c.param.data(), c.param.dtype, element, value);
+    }
+  }
+  for (auto& step : c.steps) ++step;
+}
+
+void expect_bitwise_equal(const Case& got, const Case& expected) {
+  EXPECT_EQ(got.param.f32.size(), expected.param.f32.size());
+  for (size_t e = 0; e < got.param.f32.size(); ++e) {
+    ASSERT_EQ(zf::f32_bits(got.param.f32[e]), zf::f32_bits(expected.param.f32[e])) << "param element " << e;
+  }
+  EXPECT_EQ(got.param.half, expected.param.half);
+  const std::pair<const std::vector<float>*, const std::vector<float>*> states[] = {
+      {&got.master, &expected.master}, {&got.exp_avg, &expected.exp_avg}, {&got.exp_avg_sq, &expected.exp_avg_sq}};
+  for (const auto& [a, b] : states) {
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t s = 0; s < a->size(); ++s) ASSERT_EQ(zf::f32_bits((*a)[s]), zf::f32_bits((*b)[s])) << "slot " << s;
+  }
+  EXPECT_EQ(got.steps, expected.steps);
+}
+
+TEST(AdamwSelected, EqualsTheElementDefinitionBitwiseAtEveryLevel) {
+  std::mt19937_64 rng(21);
+  const zf_adam_hparams options{0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW};
+  const zf_dtype dtypes[] = {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16};
+  // Rows x (cols, k): runs of one step count longer than the kernel's 256-column pieces,
+  // vector tails, k = 1, every column selected, and a dense call (k < 0 below).
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> shapes = {
+      {37, 600, 530, true}, {37, 600, 530, false}, {9, 41, 19, false},  {300, 7, 1, true},
+      {11, 23, 23, false},  {13, 300, -1, true},   {13, 300, -1, false}};
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    for (const zf_dtype param_dtype : dtypes) {
+      for (const zf_dtype grad_dtype : dtypes) {
+        for (const bool master : {false, true}) {
+          for (const auto& [rows, cols, k, same_steps] : shapes) {
+            const bool dense = k < 0;
+            Case c = make_case(param_dtype, grad_dtype, rows, cols, dense ? cols : k, master, rng);
+            if (dense) c.selected.clear();
+            if (same_steps) std::fill(c.steps.begin(), c.steps.end(), 3);
+            Case expected = c;
+            const float scale = same_steps ? 1.0f : 0.37f;
+            apply_definition(expected, scale, options);
+            float scale_value = scale;
+            const zf_tensor scale_t = zenflow::contiguous_tensor(&scale_value, ZF_DTYPE_F32, {});
+            const int64_t kk = static_cast<int64_t>(c.steps.size());
+            std::vector<zf_tensor> selected;
+            if (!dense) selected.push_back(zenflow::contiguous_tensor(c.selected.data(), ZF_DTYPE_I32, {kk}));
+            zenflow::adamw_selected_columns({c.param.tensor()}, {c.grad.tensor()}, selected, {c.state()}, {c.lr},
+                                            {c.weight_decay}, options, &scale_t);
+            SCOPED_TRACE(std::string(zf_simd_level_name(level)) + " param " + zf_dtype_name(param_dtype) + " grad " +
+                         zf_dtype_name(grad_dtype) + (master ? " master" : "") + " shape " + std::to_string(rows) +
+                         "x" + std::to_string(cols) + " k " + std::to_string(kk));
+            expect_bitwise_equal(c, expected);
+          }
+        }
+      }
+    }
   }
 }
 

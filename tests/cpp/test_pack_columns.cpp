@@ -66,14 +66,19 @@ TEST(UnselectedColumn, MatchesTheComplementList) {
   }
 }
 
-const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {{1, 1, 0},    {1, 4099, 409}, {4099, 1, 0},
-                                                                    {4099, 1, 1}, {7, 13, 3},     {97, 263, 26},
-                                                                    {33, 64, 64}, {0, 9, 2},      {3, 0, 0}};
+// The host kernels move 8x8 tiles in 16-row bands: whole bands, an 8-row band and element
+// tails on both axes (97 rows, 263 columns), runs of consecutive columns and gathered ones
+// (selected columns in between), no selection at all (40 x 70, 53 x 131), 16 x 8 exactly.
+const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
+    {1, 1, 0}, {1, 4099, 409}, {4099, 1, 0}, {4099, 1, 1}, {7, 13, 3}, {97, 263, 26}, {33, 64, 64},
+    {0, 9, 2}, {3, 0, 0},      {40, 70, 0},  {53, 131, 0}, {16, 8, 0}, {24, 300, 3}};
 
-class PackSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, zf_dtype>> {};
+class PackSweep : public ::testing::TestWithParam<std::tuple<zf_dtype, zf_dtype, zf_simd_level>> {};
 
 TEST_P(PackSweep, PackMatchesReferenceAndScatterInvertsIt) {
-  const auto [matrix_dtype, packed_dtype] = GetParam();
+  const auto [matrix_dtype, packed_dtype, level] = GetParam();
+  if (level > zf_simd_level_supported()) GTEST_SKIP() << "CPU lacks " << zf_simd_level_name(level);
+  zenflow::ScopedSimdLevel simd(level);
   std::mt19937_64 rng(11 + matrix_dtype * 3 + packed_dtype);
   std::vector<HostMatrix> grads;
   std::vector<std::vector<int32_t>> sels;
@@ -81,6 +86,10 @@ TEST_P(PackSweep, PackMatchesReferenceAndScatterInvertsIt) {
   int64_t total = 0;
   for (const auto& [rows, cols, k] : kShapes) {
     grads.push_back(zf_test::random_matrix(matrix_dtype, rows, cols, rng));
+    // Signed zero, infinities and a subnormal go through the tiles as any other value.
+    const float specials[] = {-0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              1e-40f, 70000.0f};
+    for (int64_t e = 0; e < rows * cols && e < 5; ++e) grads.back().set(e * 37 % (rows * cols), specials[e]);
     sels.push_back(random_selection(cols, k, rng));
     total += rows * (cols - k);
   }
@@ -136,7 +145,8 @@ TEST_P(PackSweep, PackMatchesReferenceAndScatterInvertsIt) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, PackSweep,
                          ::testing::Combine(::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16),
-                                            ::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16)));
+                                            ::testing::Values(ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16),
+                                            ::testing::Values(ZF_SIMD_SCALAR, ZF_SIMD_AVX2, ZF_SIMD_AVX512)));
 
 TEST(Pack, NoSelectionPacksEverythingOnEveryThreadCount) {
   std::mt19937_64 rng(12);

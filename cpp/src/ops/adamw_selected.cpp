@@ -1,6 +1,7 @@
 // zf_adamw_selected_columns: validation, the host plan, and dispatch to CUDA.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
 #include "ops/adamw_selected_plan.hpp"
+#include "simd/kernels.hpp"
 #include "zenflow/optim.h"
 
 namespace zf {
@@ -19,6 +21,8 @@ namespace zf {
 namespace {
 // Below this many elements the pool's wake-up costs more than the second thread saves.
 constexpr int64_t kParallelMinElements = int64_t{1} << 15;
+// Columns of one row handed to the Adam kernel at once (the gather buffers' size).
+constexpr int64_t kPiece = 256;
 }  // namespace
 
 AdamwSelectedPlan::AdamwSelectedPlan(std::vector<AdamwSelectedMatrix> matrices, const zf_adam_hparams& hparams)
@@ -46,21 +50,74 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
     }
   }
   // Walks the elements [begin, end) of matrix i's row-major (r, c) order: whole rows of its
-  // k selected columns, clipped at both ends.
+  // k selected columns, clipped at both ends. Within a row, each run of columns with the same
+  // step count goes through the SIMD level's Adam kernel (simd/kernels_adam_impl.hpp, the
+  // same operations as adam_update_element) in pieces of up to kPiece columns: the compact
+  // state of a row is contiguous; the gradient, and the parameter when there is no fp32
+  // master, are gathered from the selected columns into small buffers first, and the new
+  // parameter values are scattered back.
+  const simd::KernelTable& kernels = simd::active_kernels();
   const auto update_matrix_range = [&](size_t i, int64_t begin, int64_t end) {
     const AdamwSelectedMatrix& m = matrices_[i];
     const AdamwSelectedPointers& p = pointers[i];
     const AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
+    const size_t grad_bytes = zf_dtype_size(m.grad_dtype), param_bytes = zf_dtype_size(m.param_dtype);
+    alignas(64) float values[kPiece];
+    alignas(64) unsigned char grads[kPiece * sizeof(float)];
+    alignas(64) unsigned char outputs[kPiece * sizeof(float)];
+    simd::AdamStepArgs args{};
+    args.grad_dtype = m.grad_dtype;
+    args.out_dtype = m.param_dtype;
+    args.grad_scale = grad_scale;
     for (int64_t r = begin / m.k; r * m.k < end; ++r) {
       const int64_t c_begin = std::max<int64_t>(0, begin - r * m.k), c_end = std::min(m.k, end - r * m.k);
-      for (int64_t c = c_begin; c < c_end; ++c) {
-        const int64_t slot = r * m.k + c;  // the compact state's index
-        const int64_t element = row_major_index(m.cols, r, selected_column(p.selected, c));
-        const float g = load_as_float(p.grad, m.grad_dtype, element) * grad_scale;
-        float value = p.master ? p.master[slot] : load_as_float(p.param, m.param_dtype, element);
-        adam_update_element(value, p.exp_avg[slot], p.exp_avg_sq[slot], g, column_scalars[c]);
-        if (p.master) p.master[slot] = value;
-        store_from_float(p.param, m.param_dtype, element, value);
+      const auto* grad_row = static_cast<const unsigned char*>(p.grad) + r * m.cols * static_cast<int64_t>(grad_bytes);
+      auto* param_row = static_cast<unsigned char*>(p.param) + r * m.cols * static_cast<int64_t>(param_bytes);
+      for (int64_t c0 = c_begin; c0 < c_end;) {
+        // Columns [c0, c1): one step count (so one set of scalars), at most kPiece of them.
+        int64_t c1 = c0 + 1;
+        while (c1 < c_end && c1 - c0 < kPiece && p.steps[c1] == p.steps[c0]) ++c1;
+        const int64_t count = c1 - c0, slot = r * m.k + c0;
+        args.scalars = column_scalars[c0];
+        args.exp_avg = p.exp_avg + slot;
+        args.exp_avg_sq = p.exp_avg_sq + slot;
+        if (p.selected == nullptr) {  // dense: the row's columns are contiguous
+          args.grad = const_cast<unsigned char*>(grad_row + c0 * static_cast<int64_t>(grad_bytes));
+        } else {
+          for (int64_t c = 0; c < count; ++c) {
+            std::memcpy(grads + c * grad_bytes, grad_row + p.selected[c0 + c] * static_cast<int64_t>(grad_bytes),
+                        grad_bytes);
+          }
+          args.grad = grads;
+        }
+        // The fp32 value updated in place: the master, a dense fp32 row itself, or the
+        // parameter gathered (and widened) into `values`. The parameter in its own dtype
+        // (rounding to nearest even) goes straight into a dense row, else through `outputs`.
+        const bool dense = p.selected == nullptr;
+        const bool f32_in_place = p.master == nullptr && m.param_dtype == ZF_DTYPE_F32;
+        unsigned char* const param_at = param_row + c0 * static_cast<int64_t>(param_bytes);
+        if (p.master) {
+          args.param = p.master + slot;
+        } else if (dense && f32_in_place) {
+          args.param = static_cast<float*>(static_cast<void*>(param_at));
+        } else {
+          for (int64_t c = 0; c < count; ++c) {
+            values[c] = load_as_float(param_row, m.param_dtype, selected_column(p.selected, c0 + c));
+          }
+          args.param = values;
+        }
+        args.out = f32_in_place ? nullptr : (dense ? param_at : outputs);
+        kernels.adam_step(args, count);
+        if (!dense && f32_in_place) {
+          auto* row = static_cast<float*>(static_cast<void*>(param_row));
+          for (int64_t c = 0; c < count; ++c) row[p.selected[c0 + c]] = values[c];
+        } else if (!dense) {
+          for (int64_t c = 0; c < count; ++c) {
+            std::memcpy(param_row + p.selected[c0 + c] * static_cast<int64_t>(param_bytes), outputs + c * param_bytes,
+                        param_bytes);
+          }
+        }
+        c0 = c1;
       }
     }
   };

@@ -12,6 +12,7 @@
 #include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
 #include "ops/pack_plan.hpp"
+#include "simd/kernels.hpp"
 #include "zenflow/pack.h"
 
 namespace zf {
@@ -33,84 +34,10 @@ PackPlan::PackPlan(PackedLayout layout, std::vector<zf_dtype> dtypes, zf_dtype p
   }
 }
 
-namespace {
-
-// Element access in one dtype, chosen at compile time so the copy loops below carry no
-// per-element dtype switch. Conversions go through fp32 with the shared rounding
-// (column_index.hpp's load_as_float / store_from_float define the same thing at run time).
-template <int Dtype>
-struct Element;
-template <>
-struct Element<ZF_DTYPE_F32> {
-  using Storage = float;
-  static float load(Storage x) { return x; }
-  static Storage store(float x) { return x; }
-};
-template <>
-struct Element<ZF_DTYPE_BF16> {
-  using Storage = uint16_t;
-  static float load(Storage x) { return bf16_to_f32(x); }
-  static Storage store(float x) { return f32_to_bf16(x); }
-};
-template <>
-struct Element<ZF_DTYPE_F16> {
-  using Storage = uint16_t;
-  static float load(Storage x) { return f16_to_f32(x); }
-  static Storage store(float x) { return f32_to_f16(x); }
-};
-
-// One block of unselected columns [first, first + width) of one matrix: packed column
-// first + j is matrix column columns[j]. Rows are walked in order, so each row's reads are
-// within one row of the matrix and each packed column is written front to back.
-template <int MatrixDtype, int PackedDtype>
-void copy_block(void* matrix, void* packed, const PackedMatrix& m, int64_t first, int64_t width, const int64_t* columns,
-                float scale, bool to_packed) {
-  using M = Element<MatrixDtype>;
-  using P = Element<PackedDtype>;
-  auto* matrix_data = static_cast<typename M::Storage*>(matrix);
-  auto* packed_data = static_cast<typename P::Storage*>(packed) + m.offset + first * m.rows;
-  if (to_packed) {
-    for (int64_t r = 0; r < m.rows; ++r) {
-      const typename M::Storage* row = matrix_data + r * m.cols;
-      for (int64_t j = 0; j < width; ++j) packed_data[j * m.rows + r] = P::store(M::load(row[columns[j]]) * scale);
-    }
-  } else {
-    for (int64_t r = 0; r < m.rows; ++r) {
-      typename M::Storage* row = matrix_data + r * m.cols;
-      for (int64_t j = 0; j < width; ++j) row[columns[j]] = M::store(P::load(packed_data[j * m.rows + r]));
-    }
-  }
-}
-
-using CopyBlock = void (*)(void*, void*, const PackedMatrix&, int64_t, int64_t, const int64_t*, float, bool);
-
-template <int MatrixDtype>
-CopyBlock copy_block_for(zf_dtype packed_dtype) {
-  switch (packed_dtype) {
-    case ZF_DTYPE_BF16:
-      return &copy_block<MatrixDtype, ZF_DTYPE_BF16>;
-    case ZF_DTYPE_F16:
-      return &copy_block<MatrixDtype, ZF_DTYPE_F16>;
-    default:
-      return &copy_block<MatrixDtype, ZF_DTYPE_F32>;
-  }
-}
-
-CopyBlock copy_block_for(zf_dtype matrix_dtype, zf_dtype packed_dtype) {
-  switch (matrix_dtype) {
-    case ZF_DTYPE_BF16:
-      return copy_block_for<ZF_DTYPE_BF16>(packed_dtype);
-    case ZF_DTYPE_F16:
-      return copy_block_for<ZF_DTYPE_F16>(packed_dtype);
-    default:
-      return copy_block_for<ZF_DTYPE_F32>(packed_dtype);
-  }
-}
-
-}  // namespace
-
 void PackPlan::run(ThreadPool& pool, void* const* matrices, const int32_t* const* selected, void* packed, float scale,
                    bool to_packed) const {
+  // The transposing copy of each block is the SIMD level's kernel (simd/kernels_pack_impl.hpp).
+  const auto copy_block = to_packed ? simd::active_kernels().pack_block : simd::active_kernels().scatter_block;
   const auto run_blocks = [&](int64_t begin, int64_t end) {
     int64_t columns[kHostColumnBlock];
     for (int64_t b = begin; b < end; ++b) {
@@ -120,8 +47,17 @@ void PackPlan::run(ThreadPool& pool, void* const* matrices, const int32_t* const
       const int32_t k = static_cast<int32_t>(m.selected);
       const int64_t width = block.last - block.first;
       for (int64_t j = 0; j < width; ++j) columns[j] = unselected_column(sel, k, block.first + j);
-      copy_block_for(dtypes_[block.matrix], packed_dtype_)(matrices[block.matrix], packed, m, block.first, width,
-                                                           columns, scale, to_packed);
+      const size_t packed_bytes = zf_dtype_size(packed_dtype_);
+      simd::PackBlockArgs args{matrices[block.matrix],
+                               dtypes_[block.matrix],
+                               m.rows,
+                               m.cols,
+                               columns,
+                               width,
+                               static_cast<char*>(packed) + (m.offset + block.first * m.rows) * packed_bytes,
+                               packed_dtype_,
+                               scale};
+      copy_block(args);
     }
   };
   const int64_t block_count = static_cast<int64_t>(blocks_.size());

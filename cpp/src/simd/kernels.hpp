@@ -28,6 +28,22 @@ struct AdamStepArgs {
   AdamStepScalars scalars;
 };
 
+// One block of a pack or scatter (zf_pack_columns / zf_scatter_columns): `width` columns of a
+// row-major matrix [rows, row_stride] against `width` contiguous packed columns of `rows`
+// values each (packed element (r, j) at packed[j * rows + r]). columns[j] is the matrix column
+// of packed column j, ascending.
+struct PackBlockArgs {
+  void* matrix;
+  zf_dtype matrix_dtype;
+  int64_t rows;
+  int64_t row_stride;
+  const int64_t* columns;
+  int64_t width;
+  void* packed;
+  zf_dtype packed_dtype;
+  float scale;  // pack only: multiplies every value before the rounding to packed_dtype
+};
+
 struct KernelTable {
   zf_simd_level level;
 
@@ -43,6 +59,13 @@ struct KernelTable {
   void (*adam_step)(const AdamStepArgs& args, int64_t count);
   // acc[i] = accumulate_element(acc[i], x[i], scale) for i < count; x is f32, bf16 or f16.
   void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale);
+
+  // Transposing copies of one block (see kernels_pack_impl.hpp); every element is computed as
+  // column_index.hpp defines it, so all levels agree bit for bit:
+  //   pack:    packed[j * rows + r] = store_packed(load_matrix(M[r, columns[j]]) * scale)
+  //   scatter: M[r, columns[j]] = store_matrix(load_packed(packed[j * rows + r]))
+  void (*pack_block)(const PackBlockArgs& args);
+  void (*scatter_block)(const PackBlockArgs& args);
 };
 
 const KernelTable* kernel_table_scalar();

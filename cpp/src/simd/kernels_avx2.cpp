@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include "simd/kernels_impl.hpp"
+#include "simd/pack_tile_x86.hpp"
 
 namespace {
 
@@ -63,7 +64,7 @@ struct Avx2Isa {
 namespace zf {
 namespace simd {
 const KernelTable* kernel_table_avx2() {
-  static const KernelTable table = make_kernel_table<Avx2Isa>(ZF_SIMD_AVX2);
+  static const KernelTable table = make_kernel_table<Avx2Isa, X86PackTile>(ZF_SIMD_AVX2);
   return &table;
 }
 }  // namespace simd

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include "simd/kernels_impl.hpp"
+#include "simd/pack_tile_x86.hpp"
 
 namespace {
 
@@ -62,7 +63,7 @@ struct Avx512Isa {
 namespace zf {
 namespace simd {
 const KernelTable* kernel_table_avx512() {
-  static const KernelTable table = make_kernel_table<Avx512Isa>(ZF_SIMD_AVX512);
+  static const KernelTable table = make_kernel_table<Avx512Isa, X86PackTile>(ZF_SIMD_AVX512);
   return &table;
 }
 }  // namespace simd

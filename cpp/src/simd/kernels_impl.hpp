@@ -17,6 +17,7 @@
 #include "common/float_convert.hpp"
 #include "simd/kernels.hpp"
 #include "simd/kernels_adam_impl.hpp"
+#include "simd/kernels_pack_impl.hpp"
 
 namespace {
 
@@ -92,7 +93,8 @@ void column_sq_accumulate_f16(const uint16_t* x, int64_t rows, int64_t cols, int
       [](const uint16_t* p) { return zf::f16_to_f32(*p); });
 }
 
-template <class Isa>
+// PackTile: the 8x8 tile of the pack and scatter kernels (kernels_pack_impl.hpp).
+template <class Isa, class PackTile>
 zf::simd::KernelTable make_kernel_table(zf_simd_level level) {
   zf::simd::KernelTable table{};
   table.level = level;
@@ -101,6 +103,8 @@ zf::simd::KernelTable make_kernel_table(zf_simd_level level) {
   table.column_sq_accumulate_f16 = &column_sq_accumulate_f16<Isa>;
   table.adam_step = &adam_step<Isa>;
   table.accumulate = &accumulate<Isa>;
+  table.pack_block = &pack_block<PackTile>;
+  table.scatter_block = &scatter_block<PackTile>;
   return table;
 }
 

@@ -35,7 +35,7 @@ struct ScalarIsa {
 namespace zf {
 namespace simd {
 const KernelTable* kernel_table_scalar() {
-  static const KernelTable table = make_kernel_table<ScalarIsa>(ZF_SIMD_SCALAR);
+  static const KernelTable table = make_kernel_table<ScalarIsa, PortablePackTile>(ZF_SIMD_SCALAR);
   return &table;
 }
 }  // namespace simd
