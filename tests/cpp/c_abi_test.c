@@ -331,6 +331,25 @@ static void check_optimizer_ops(void) {
   }
   EXPECT(steps[0] == 1 && steps[1] == 1);
 
+  /* Empty tensors whose other sizes are huge (found by the fuzzer): the element count is 0,
+   * and a matrix view of 2^63 columns is refused, with no overflow on the way. */
+  {
+    zf_tensor empty = t1(NULL, ZF_DTYPE_F32, 0), huge_empty = t1(NULL, ZF_DTYPE_F32, 0);
+    int64_t step = 1;
+    huge_empty.ndim = 3;
+    huge_empty.shape[0] = INT64_MAX;
+    huge_empty.shape[1] = INT64_MAX;
+    huge_empty.shape[2] = 0;
+    EXPECT_OK(
+        zf_cpu_adamw_step(&huge_empty, &empty, &empty, &empty, NULL, 1, &step, &lr, &weight_decay, &hparams, 1.0f, 0));
+    huge_empty.shape[0] = 0;
+    huge_empty.shape[1] = (int64_t)1 << 62;
+    huge_empty.shape[2] = 2;
+    EXPECT_ERROR(zf_adamw_selected_columns(&huge_empty, &huge_empty, NULL, &state, 1, &lr, &weight_decay, NULL,
+                                           &hparams, NULL, NULL, NULL),
+                 ZF_ERROR_INVALID_VALUE, "params[0]");
+  }
+
   /* zf_cpu_adamw_step, zf_cpu_accumulate, zf_cpu_adamw_step_skip_columns: NULLs, dtypes, sizes. */
   {
     float p[3] = {1, 1, 1}, pm[3] = {0}, pv[3] = {0}, pg[3] = {2, -2, 2};
@@ -568,6 +587,10 @@ static void check_engine_create(void) {
   bad_config.topk_ratio = 1.5;
   EXPECT_ERROR(zf_engine_create(f.params, f.param_groups, 2, &f.group, 1, &bad_config, &engine), ZF_ERROR_INVALID_VALUE,
                "config.topk_ratio");
+  bad_config = f.config;
+  bad_config.master_weights = (zf_master_weights)2; /* found by the fuzzer: an enum C may hold */
+  EXPECT_ERROR(zf_engine_create(f.params, f.param_groups, 2, &f.group, 1, &bad_config, &engine), ZF_ERROR_INVALID_VALUE,
+               "config.master_weights");
   bad_config = f.config;
   bad_config.loss_scaling = (zf_loss_scaling)3;
   EXPECT_ERROR(zf_engine_create(f.params, f.param_groups, 2, &f.group, 1, &bad_config, &engine), ZF_ERROR_INVALID_VALUE,
