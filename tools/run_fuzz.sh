@@ -27,8 +27,7 @@ started=$SECONDS
 say "configure and build in $build_dir"
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DZENFLOW_BUILD_FUZZERS=ON -DZENFLOW_WITH_CUDA=OFF -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF \
-  -DZENFLOW_BUILD_EXAMPLES=OFF -DCMAKE_DISABLE_FIND_PACKAGE_Python=ON \
-  -DCMAKE_DISABLE_FIND_PACKAGE_pybind11=ON > /dev/null
+  -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
 cmake --build "$build_dir" --target zenflow_fuzz_c_abi
 say "built in $((SECONDS - started)) s; fuzzing for $seconds s"
 work=$(mktemp -d "${TMPDIR:-/tmp}/zenflow-fuzz.XXXXXX")

@@ -23,8 +23,7 @@ prefix=$work/prefix
 
 say "build libzenflow (CUDA off) in $build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=OFF \
-  -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_Python=ON -DCMAKE_DISABLE_FIND_PACKAGE_pybind11=ON > /dev/null
+  -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
 cmake --build "$build_dir" --target zenflow
 bash tools/check_exports.sh "$build_dir/libzenflow.so"
 
