@@ -64,6 +64,8 @@ class CMakeBuild(build_ext):
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             "-DZENFLOW_BUILD_PYTHON=ON",
             "-DZENFLOW_BUILD_TESTS=OFF",
+            # One libzenflow.so beside _C, no versioned file and symlinks (CMakeLists.txt).
+            "-DZENFLOW_VERSIONED_SONAME=OFF",
         ]
         # pip's isolated build environment is a new temporary folder each time: name this
         # run's ninja, or the kept build directory would call the last (deleted) one.

@@ -30,7 +30,7 @@ for sanitizers in "$@"; do
     -DZENFLOW_SANITIZE="$sanitizers" -DZENFLOW_WITH_CUDA=OFF \
     -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=ON \
     -DCMAKE_DISABLE_FIND_PACKAGE_Python=ON -DCMAKE_DISABLE_FIND_PACKAGE_pybind11=ON > /dev/null
-  cmake --build "$build_dir" --target zenflow_tests zenflow_c_api_test
+  cmake --build "$build_dir" --target zenflow_tests zenflow_c_api_test zenflow_c_abi_test zenflow_example_train_linear
   echo "run_sanitizers.sh: [$sanitizers] built in $((SECONDS - started)) s; running ctest" >&2
   started=$SECONDS
   exclude=()

@@ -17,8 +17,12 @@ struct MatrixView {
 inline MatrixView matrix_view(const zf_tensor& t) {
   if (t.ndim == 0) return {1, 1};
   if (t.ndim == 1) return {1, t.shape[0]};
+  // Saturates at INT64_MAX: an empty tensor's sizes are not bounded by validation ([0, 2^62,
+  // 2] is empty), and callers reject that many columns (more than int32 indices address).
   int64_t cols = 1;
-  for (int d = 1; d < t.ndim; ++d) cols *= t.shape[d];
+  for (int d = 1; d < t.ndim; ++d) {
+    if (__builtin_mul_overflow(cols, t.shape[d], &cols)) cols = INT64_MAX;
+  }
   return {t.shape[0], cols};
 }
 

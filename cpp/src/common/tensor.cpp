@@ -41,6 +41,11 @@ zf_tensor contiguous_descriptor(const void* data, zf_dtype dtype, zf_device devi
 }
 
 int64_t numel(const zf_tensor& t) {
+  // A zero dimension makes the tensor empty whatever the others hold, and check_descriptor
+  // accepts any size beside a 0 (the product of the others may overflow): look for it first.
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return 0;
+  }
   int64_t n = 1;
   for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
   return n;

@@ -28,9 +28,11 @@ bool finite_at_least(double value, double low) { return std::isfinite(value) && 
 void check_config(const zf_engine_config& c) {
   require(std::isfinite(c.topk_ratio) && c.topk_ratio >= 0.0 && c.topk_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
           "config.topk_ratio: must be in [0, 1], got ", c.topk_ratio);
-  require(c.select_strategy == ZF_SELECT_AUTO || c.select_strategy == ZF_SELECT_STEP ||
-              c.select_strategy == ZF_SELECT_EPOCH,
-          ZF_ERROR_INVALID_VALUE, "config.select_strategy: unknown value ", static_cast<int>(c.select_strategy));
+  // Enum fields are read as the int a C caller stored (raw_enum_value): loading an
+  // out-of-range value through the C++ enum type would itself be undefined.
+  const int strategy = raw_enum_value(c.select_strategy);
+  require(strategy == ZF_SELECT_AUTO || strategy == ZF_SELECT_STEP || strategy == ZF_SELECT_EPOCH,
+          ZF_ERROR_INVALID_VALUE, "config.select_strategy: unknown value ", strategy);
   require(c.select_interval >= 0, ZF_ERROR_INVALID_VALUE, "config.select_interval: must be >= 0 (0 = auto)");
   require(c.steps_per_epoch >= 0, ZF_ERROR_INVALID_VALUE, "config.steps_per_epoch: must be >= 0");
   require(c.select_strategy != ZF_SELECT_EPOCH || c.steps_per_epoch > 0, ZF_ERROR_INVALID_VALUE,
@@ -42,14 +44,16 @@ void check_config(const zf_engine_config& c) {
   require(std::isfinite(c.pt_reserved_cores_perc) && c.pt_reserved_cores_perc >= 0.0 && c.pt_reserved_cores_perc <= 1.0,
           ZF_ERROR_INVALID_VALUE, "config.pt_reserved_cores_perc: must be in [0, 1], got ", c.pt_reserved_cores_perc);
   require(c.max_update_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.max_update_interval: must be >= 1");
-  require(c.master_weights == ZF_MASTER_FP32 || c.master_weights == ZF_MASTER_NONE, ZF_ERROR_INVALID_VALUE,
-          "config.master_weights: unknown value ", static_cast<int>(c.master_weights));
-  require(c.selection_score == ZF_SCORE_STEP || c.selection_score == ZF_SCORE_WINDOW, ZF_ERROR_INVALID_VALUE,
-          "config.selection_score: unknown value ", static_cast<int>(c.selection_score));
+  const int master = raw_enum_value(c.master_weights), score = raw_enum_value(c.selection_score);
+  require(master == ZF_MASTER_FP32 || master == ZF_MASTER_NONE, ZF_ERROR_INVALID_VALUE,
+          "config.master_weights: unknown value ", master);
+  require(score == ZF_SCORE_STEP || score == ZF_SCORE_WINDOW, ZF_ERROR_INVALID_VALUE,
+          "config.selection_score: unknown value ", score);
   require(!std::isnan(c.max_grad_norm) && c.max_grad_norm < INFINITY, ZF_ERROR_INVALID_VALUE,
           "config.max_grad_norm: must be finite (<= 0 for none)");
-  require(c.loss_scaling == ZF_LOSS_SCALING_NONE || c.loss_scaling == ZF_LOSS_SCALING_DYNAMIC, ZF_ERROR_INVALID_VALUE,
-          "config.loss_scaling: unknown value ", static_cast<int>(c.loss_scaling));
+  const int scaling = raw_enum_value(c.loss_scaling);
+  require(scaling == ZF_LOSS_SCALING_NONE || scaling == ZF_LOSS_SCALING_DYNAMIC, ZF_ERROR_INVALID_VALUE,
+          "config.loss_scaling: unknown value ", scaling);
   require(std::isfinite(c.initial_scale) && c.initial_scale > 0.0, ZF_ERROR_INVALID_VALUE,
           "config.initial_scale: must be finite and > 0");
   require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, ZF_ERROR_INVALID_VALUE,

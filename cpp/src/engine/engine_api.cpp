@@ -1,6 +1,12 @@
 // The engine's C ABI (zenflow/engine.h): argument checks and exception-to-status conversion.
 #include "zenflow/engine.h"
 
+#include <pthread.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
 #include "common/error.hpp"
 #include "common/thread_pool.hpp"
 #include "engine/engine.hpp"
@@ -19,8 +25,46 @@ namespace {
 // it would wait for threads that do not exist. The child gets a clear error instead.
 bool inherited_through_fork(const zf_engine* e) { return e->fork_generation != zf::fork_generation(); }
 
+// The handles zf_engine_create returned and zf_engine_destroy has not yet destroyed. Every
+// call looks its handle up here before touching it, so a destroyed handle (use after destroy,
+// double destroy) or a pointer that never was an engine fails with INVALID_VALUE instead of
+// reading freed memory. What it cannot see: a stale handle whose address a newer engine has
+// since been given (the allocator reuses it) reaches that engine. The lock is held for the
+// lookup only; a child forked while another thread holds it gets it unlocked (pthread_atfork).
+class LiveEngines {
+ public:
+  static LiveEngines& instance() {
+    static LiveEngines* registry = new LiveEngines();  // never destroyed: calls may come at exit
+    return *registry;
+  }
+  void add(const zf_engine* e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.insert(e);
+  }
+  bool remove(const zf_engine* e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.erase(e) == 1;
+  }
+  bool contains(const zf_engine* e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.count(e) == 1;
+  }
+
+ private:
+  LiveEngines() {
+    pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
+                   [] { instance().mutex_.unlock(); });
+  }
+  std::mutex mutex_;
+  std::unordered_set<const zf_engine*> live_;
+};
+
+constexpr const char* kNotLive =
+    "engine: not a live engine (already destroyed by zf_engine_destroy, or never returned by zf_engine_create)";
+
 void require_usable(const zf_engine* e) {
   zf::require(e != nullptr, ZF_ERROR_INVALID_VALUE, "engine: NULL");
+  zf::require(LiveEngines::instance().contains(e), ZF_ERROR_INVALID_VALUE, kNotLive);
   zf::require(!inherited_through_fork(e), ZF_ERROR_INVALID_VALUE,
               "engine: created in the parent of this forked process; its threads do not exist here "
               "(create a new engine in the child)");
@@ -81,7 +125,9 @@ ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_
   return zf::api_call([&] {
     require_out(out, "out");
     require_out(config, "config");
-    *out = new zf_engine(params, param_groups, param_count, groups, group_count, *config);
+    auto engine = std::make_unique<zf_engine>(params, param_groups, param_count, groups, group_count, *config);
+    LiveEngines::instance().add(engine.get());
+    *out = engine.release();
   });
 }
 
@@ -89,7 +135,9 @@ ZF_API zf_status zf_engine_destroy(zf_engine* engine) {
   return zf::api_call([&] {
     // In a forked child the parent's engine is left as it is (see inherited_through_fork):
     // its memory is the parent's copy, released when the child exits.
-    if (engine != nullptr && inherited_through_fork(engine)) return;
+    if (engine == nullptr) return;
+    zf::require(LiveEngines::instance().remove(engine), ZF_ERROR_INVALID_VALUE, kNotLive);
+    if (inherited_through_fork(engine)) return;
     delete engine;
   });
 }

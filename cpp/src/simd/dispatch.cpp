@@ -9,20 +9,33 @@
 #include "common/error.hpp"
 #include "simd/kernels.hpp"
 
+#if defined(ZENFLOW_HAVE_X86_SIMD)
+#include <cpuid.h>
+#endif
+
 namespace zf {
 namespace simd {
 
 namespace {
+
+#if defined(ZENFLOW_HAVE_X86_SIMD)
+// F16C from cpuid leaf 1 (ECX bit 29): Clang before 15 has no "f16c" for
+// __builtin_cpu_supports. It uses the AVX state, which the avx2 / avx512 checks cover.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+#endif
 
 zf_simd_level detect_supported_level() {
 #if defined(ZENFLOW_HAVE_X86_SIMD)
   // __builtin_cpu_supports also checks XCR0, i.e. that the OS saves the wider registers.
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
     return ZF_SIMD_AVX512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
     return ZF_SIMD_AVX2;
   }
 #endif

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The installed package, tested as a user would use it (issue 14): builds libzenflow alone
+# (host-only, no tests, no Python) in build-install/, checks its exports
+# (tools/check_exports.sh), runs `cmake --install` into a temporary prefix, checks the
+# installed tree (headers, versioned library and SONAME, CMake package, pkg-config file), then
+# builds the separate project tests/consumer/ against that prefix twice, once with CMake's
+# find_package(zenflow) and once with pkg-config, and runs both programs.
+#
+#   bash tools/test_install.sh      (run by tests/run_all.sh)
+#
+# Lean: the library's objects are those of the test build (ccache hits them; only
+# common/cuda_info.cpp differs without CUDA), build-install/ is kept between runs, and the
+# consumer is one C file. ZENFLOW_INSTALL_BUILD_DIR moves the build directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+say() { echo "test_install.sh: $*" >&2; }
+
+build_dir=${ZENFLOW_INSTALL_BUILD_DIR:-build-install}
+work=$(mktemp -d "${TMPDIR:-/tmp}/zenflow-install-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+
+say "build libzenflow (CUDA off) in $build_dir"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=OFF \
+  -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
+cmake --build "$build_dir" --target zenflow
+bash tools/check_exports.sh "$build_dir/libzenflow.so"
+
+say "cmake --install into $prefix"
+cmake --install "$build_dir" --prefix "$prefix" > /dev/null
+version=$(sed -n 's/^project(zenflow VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+libdir=$(dirname "$(find "$prefix" -name "libzenflow.so.$version" | head -n 1)")
+expected=(
+  "$prefix/include/zenflow/zenflow.h" "$prefix/include/zenflow/engine.h" "$prefix/include/zenflow/zenflow.hpp"
+  "$libdir/libzenflow.so.$version" "$libdir/libzenflow.so" "$libdir/cmake/zenflow/zenflowConfig.cmake"
+  "$libdir/cmake/zenflow/zenflowConfigVersion.cmake" "$libdir/cmake/zenflow/zenflowTargets.cmake"
+  "$libdir/pkgconfig/zenflow.pc"
+)
+for path in "${expected[@]}"; do
+  [ -e "$path" ] || { say "FAIL: not installed: ${path#"$prefix"/}"; exit 1; }
+done
+soname=$(objdump -p "$libdir/libzenflow.so.$version" | awk '$1 == "SONAME" {print $2}')
+major_minor=${version%.*}
+case "$version" in 0.*) want_soname=libzenflow.so.$major_minor ;; *) want_soname=libzenflow.so.${version%%.*} ;; esac
+[ "$soname" = "$want_soname" ] || { say "FAIL: SONAME '$soname', expected '$want_soname'"; exit 1; }
+[ -L "$libdir/$soname" ] || { say "FAIL: no $soname symlink"; exit 1; }
+bash tools/check_exports.sh "$libdir/libzenflow.so.$version"
+
+# The consumer runs from a copy, outside the source tree, so that nothing can reach back
+# into cpp/include or the build directory.
+cp -r tests/consumer "$work/consumer-src"
+
+say "consumer with CMake: find_package(zenflow CONFIG REQUIRED), zenflow::zenflow"
+cmake -S "$work/consumer-src" -B "$work/consumer-cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" > /dev/null
+cmake --build "$work/consumer-cmake"
+grep -q "$prefix" "$work/consumer-cmake/CMakeCache.txt" || { say "FAIL: CMake did not use $prefix"; exit 1; }
+"$work/consumer-cmake/consumer"
+
+say "consumer with pkg-config"
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+pc_version=$(pkg-config --modversion zenflow)
+[ "$pc_version" = "$version" ] || { say "FAIL: pkg-config version '$pc_version', expected '$version'"; exit 1; }
+# shellcheck disable=SC2046  # pkg-config's flags are meant to be split
+"${CC:-cc}" -std=c99 -Wall -Wextra -pedantic -Werror $(pkg-config --cflags zenflow) \
+  "$work/consumer-src/consumer.c" -o "$work/consumer-pkgconfig" $(pkg-config --libs zenflow) \
+  -Wl,-rpath,"$(pkg-config --variable=libdir zenflow)"
+# The program must load the installed library, not one of a build tree.
+loaded=$(ldd "$work/consumer-pkgconfig" | awk -v so="$soname" '$1 == so {print $3}')
+[ -n "$loaded" ] && [ "$(readlink -f "$loaded")" = "$(readlink -f "$libdir/$soname")" ] ||
+  { say "FAIL: the pkg-config build does not load $libdir/$soname"; ldd "$work/consumer-pkgconfig" >&2; exit 1; }
+"$work/consumer-pkgconfig"
+say "passed (CMake and pkg-config consumers of zenflow $version, SONAME $soname)"
