@@ -147,23 +147,21 @@ class _FlatBatch:
                 for name, views in self.views.items():
                     entry[name] = views[i]
 
-    def _state_moved(self, state: dict) -> bool:
-        """Whether user code replaced, added or removed a state or one of its entries."""
-        current = list(map(state.get, self.params))
-        if not all(map(is_, current, self.states)):
-            return True
+    def entries_moved(self) -> bool:
+        """Whether user code replaced, added or deleted an entry of a state laid out here
+        (the state dicts themselves are checked by _FlatLayout.state_moved)."""
         if self.laid_out == len(self.params):  # the steady state: every entry is a view
             try:
-                if not all(map(is_, map(itemgetter("step"), current), self.step_views)):
+                if not all(map(is_, map(itemgetter("step"), self.states), self.step_views)):
                     return True
                 return not all(
-                    all(map(is_, map(itemgetter(name), current), views))
+                    all(map(is_, map(itemgetter(name), self.states), views))
                     for name, views in self.views.items()
                 )
             except KeyError:  # an entry deleted
                 return True
-        for i, entry in enumerate(current):
-            if entry:
+        for i, entry in enumerate(self.states):
+            if entry:  # laid out, or an empty state that user code filled in
                 if entry.get("step") is not self.step_views[i]:
                     return True
                 for name, views in self.views.items():
@@ -190,7 +188,7 @@ class _FlatBatch:
         missing = list(map(is_, grads, repeat(None)))
         if all(missing):
             return None
-        if check_state and self._state_moved(state):
+        if check_state and self.entries_moved():
             return False
         lrs, wds = self.rates(group_values)
         steps = self.steps.to(torch.int64).add_(1).tolist()
@@ -315,10 +313,32 @@ class _FlatLayout:
                 low_precision = p.dtype in _LOW_PRECISION
                 members.setdefault((hyper, low_precision), []).append((p, group_index))
         self.batches = [_FlatBatch(hyper, low, m) for (hyper, low), m in members.items()]
+        self.state_dict_object = None
+        self.state_keys: list = []
+        self.state_values: list = []
         for batch in self.batches:
             batch.load_state(state)
 
+    def snapshot(self, state: dict) -> None:
+        """Records the optimizer's state dicts (after a successful step)."""
+        self.state_dict_object = state
+        self.state_keys = list(state.keys())
+        self.state_values = list(state.values())
+
+    def state_moved(self, state: dict) -> bool:
+        """Whether a state was added, removed or replaced since the snapshot: the same
+        keys and values in the same order mean the same state dicts (iterating the dict
+        hashes nothing; torch.Tensor.__hash__ is a Python function)."""
+        return not (
+            state is self.state_dict_object
+            and len(state) == len(self.state_keys)
+            and all(map(is_, state.keys(), self.state_keys))
+            and all(map(is_, state.values(), self.state_values))
+        )
+
     def prepare(self, state: dict, group_values: list, check_state: bool) -> list | None:
+        if check_state and self.state_moved(state):
+            return None
         runs = []
         for batch in self.batches:
             run = batch.prepare(state, group_values, check_state)
@@ -478,6 +498,7 @@ class CPUAdamW(torch.optim.Optimizer):
             self._flat_layout = layout
         for run in runs:
             run.finish(self.state)
+        layout.snapshot(self.state)
         return loss
 
     @staticmethod
