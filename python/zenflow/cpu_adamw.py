@@ -1,11 +1,21 @@
 """zenflow.CPUAdamW: a drop-in for torch.optim.AdamW on CPU parameters, running zenflow's
-SIMD host kernels on zenflow's own thread pool (through zenflow.ops.cpu_adamw_step, the
-same conversion path as every op).
+SIMD host kernels on zenflow's own thread pool (through zf_cpu_adamw_step_flat, the same
+conversion path as every op).
 
 Arithmetic is torch's (see cpp/src/common/adam_math.hpp): a float32 model follows
 `torch.optim.AdamW` to float32 rounding. bfloat16 / float16 parameters keep an fp32
 master copy in the optimizer state ('master'); the step updates the master, m and v and
 writes the rounded parameter in the same pass over memory. State is always fp32.
+
+State layout: the parameters sharing betas, eps, mode, maximize and precision (one
+kernel batch, whatever their groups) keep their state in one flat buffer per field
+(master, exp_avg, exp_avg_sq, step), parameter after parameter; each parameter's
+state["exp_avg"] etc. is a view of its run, with the parameter's shape. state_dict() and
+user code see per-parameter tensors as with torch; a step walks each buffer contiguously
+(one memory stream per field, not one per tensor) and converts only the parameters and
+gradients. Whatever user code puts in the state (a replaced entry or state, a deleted
+state, a loaded state dict, a new param group) is copied into a fresh layout by the next
+step, which then points the state entries at it.
 """
 
 from __future__ import annotations
@@ -60,13 +70,19 @@ _ENTRIES = ("exp_avg", "exp_avg_sq", "master")
 _grad_of = attrgetter("grad")
 
 
-def _copy_state_entry(view: torch.Tensor, value: Any, name: str) -> None:
+# The names the per-tensor native call gave a batch's state tensors in its errors.
+_CALL_NAMES = {"exp_avg": "exp_avgs", "exp_avg_sq": "exp_avg_sqs", "master": "params"}
+
+
+def _copy_state_entry(view: torch.Tensor, value: Any, name: str, position: int) -> None:
     """view <- a state entry that user code or a loaded state dict put there (any float
-    tensor with the parameter's number of elements, converted to fp32)."""
+    tensor with the parameter's number of elements, converted to fp32). `position`: the
+    parameter's place in its kernel batch."""
     value = torch.as_tensor(value)
     if value.numel() != view.numel():
         raise ValueError(
-            f"state[{name!r}]: has {value.numel()} elements, its parameter {view.numel()}"
+            f"{_CALL_NAMES[name]}[{position}]: state[{name!r}] of the kernel batch's parameter "
+            f"{position} has {value.numel()} elements, the parameter {view.numel()}"
         )
     view.copy_(value.detach().reshape(view.shape))
 
@@ -134,7 +150,7 @@ class _FlatBatch:
                 if views is None:
                     continue
                 if name in entry:
-                    _copy_state_entry(views[i], entry[name], name)
+                    _copy_state_entry(views[i], entry[name], name, i)
                 else:  # a bf16/fp16 parameter's state without master (torch's AdamW's)
                     views[i].copy_(p.detach())
             self.laid_out += 1
@@ -358,12 +374,14 @@ class CPUAdamW(torch.optim.Optimizer):
 
     Same constructor as `torch.optim.AdamW`; `amsgrad`, `capturable` and `differentiable`
     are not supported (ValueError). `foreach` and `fused` are accepted and ignored: every
-    step is one fused pass per tensor. Per-step Python work is about 8 us per parameter
-    tensor and does not depend on tensor sizes: every parameter sharing betas, eps, mode
-    and precision goes to the native kernel in one call, whatever its group (lr and weight
-    decay are per tensor), through zenflow.ops.cpu_adamw_step. A step is all-or-nothing:
-    if it raises, parameters, moments and state["step"] are as they were. Every written
-    parameter's autograd version is bumped, as torch.optim.AdamW's in-place update does.
+    step is one fused pass over each batch's flat state (see the module docstring). Every
+    parameter sharing betas, eps, mode and precision goes to the native kernel in one call,
+    whatever its group (lr and weight decay are per tensor); per-step Python work is about
+    2.5 us per parameter tensor, mostly converting the parameter and its gradient, and does
+    not depend on tensor sizes. A step is all-or-nothing: if it raises, parameters, moments,
+    state["step"] and the state's tensors are as they were (a new layout is only recorded
+    once every update succeeded). Every written tensor's autograd version is bumped, as
+    torch.optim.AdamW's in-place update does.
 
     num_threads: resize zenflow's (process-wide) host pool; None keeps it (by default one
     thread per usable core: the training loop waits inside step(), so the cores it leaves
