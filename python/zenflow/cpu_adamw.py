@@ -314,14 +314,21 @@ class _FlatRun:
 
 
 class _FlatLayout:
-    """The flat state of every kernel batch of the optimizer's groups."""
+    """The flat state of every kernel batch of the optimizer's groups: of the parameters
+    that have a state or a gradient when it is laid out. The others (frozen ones, say) get
+    no memory, as torch allocates state only at a parameter's first step; when one of them
+    gets a gradient, the step lays the state out again."""
 
     def __init__(self, param_groups: list, group_values: list, signature: list, state) -> None:
         self.signature = signature
         members: dict[tuple, list] = {}
+        self.outside: list[torch.Tensor] = []
         for group_index, group in enumerate(param_groups):
             hyper = group_values[group_index][2]
             for p in group["params"]:
+                if p.grad is None and not state.get(p):
+                    self.outside.append(p)
+                    continue
                 if p.dtype not in _SUPPORTED:
                     raise TypeError(
                         f"params: CPUAdamW takes float32, bfloat16 and float16 parameters, got {p.dtype}"
@@ -353,8 +360,11 @@ class _FlatLayout:
         )
 
     def prepare(self, state: dict, group_values: list, check_state: bool) -> list | None:
+        """This step's native calls, or None when the state must be laid out again."""
         if check_state and self.state_moved(state):
             return None
+        if self.outside and not all(map(is_, map(_grad_of, self.outside), repeat(None))):
+            return None  # a parameter outside the layout has a gradient now
         runs = []
         for batch in self.batches:
             run = batch.prepare(state, group_values, check_state)

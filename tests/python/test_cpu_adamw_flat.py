@@ -333,6 +333,31 @@ def test_parameters_without_gradients_keep_their_state():
         assert float(opt.state[p]["step"]) == float(ref.state[r]["step"])
 
 
+def test_frozen_parameters_get_no_state_memory_until_they_train():
+    """As torch allocates state at a parameter's first step: parameters without a gradient
+    take no room in the flat buffers; one that starts training later is laid out then."""
+    params = make_model(torch.bfloat16)
+    frozen = params[1]
+    ref_params = [p.detach().float().requires_grad_() for p in params]
+    opt = zenflow.CPUAdamW(params, lr=1e-2)
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, foreach=False)
+    for t in range(6):
+        set_grads(params, t, skip={1} if t < 3 else set())
+        for p, r in zip(params, ref_params):
+            r.grad = None if p.grad is None else p.grad.float()
+        opt.step()
+        ref.step()
+        if t < 3:
+            assert frozen not in opt.state
+            stepped = sum(p.numel() for p in params if p is not frozen)
+            storage = opt.state[params[0]]["exp_avg"].untyped_storage()
+            assert storage.nbytes() == 4 * stepped
+    for p, r in zip(params, ref_params):
+        torch.testing.assert_close(opt.state[p]["master"], r.detach(), rtol=1e-5, atol=1e-6)
+        assert float(opt.state[p]["step"]) == float(ref.state[r]["step"])
+    assert float(opt.state[frozen]["step"]) == 3.0
+
+
 @pytest.mark.parametrize("replace", ["entry", "whole-state", "deleted"])
 def test_state_replaced_by_user_code_is_laid_out_again(replace):
     params = make_model(torch.bfloat16)
