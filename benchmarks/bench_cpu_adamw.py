@@ -563,6 +563,12 @@ def defaults_main(args) -> None:
     ]
     if args.sizes_given:
         cases = [(f"1 tensor of {fmt_n(n)}", [(n,)]) for n in parse_sizes(args.sizes)]
+    if args.model_only:
+        cases = [c for c in cases if c[0].startswith("300 tensors")]
+    if args.with_overhead:
+        # 300 tensors of 16 elements: the step is all per-tensor work (Python, conversions,
+        # dispatch), nothing of it memory traffic.
+        cases.insert(0, ("300 tensors of 4x4 (per-step overhead)", [(4, 4)] * 300))
     reps = args.reps or 21
     dtypes = [torch.float32, torch.bfloat16]
     if args.dtypes:
@@ -652,6 +658,14 @@ def main() -> None:
         help="--defaults: only CPUAdamW as shipped (not the OpenMP pause variants)",
     )
     parser.add_argument("--dtypes", default="", help="--defaults: e.g. bfloat16 (default: both)")
+    parser.add_argument(
+        "--model-only", action="store_true", help="--defaults: only the 300-tensor model"
+    )
+    parser.add_argument(
+        "--with-overhead",
+        action="store_true",
+        help="--defaults: also 300 tensors of 4x4 elements (the per-step overhead)",
+    )
     parser.add_argument("--out", default="", help="--defaults: results file name")
     args = parser.parse_args()
     args.sizes_given = any(a.startswith("--sizes") for a in sys.argv[1:])

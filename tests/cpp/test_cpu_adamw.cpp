@@ -248,6 +248,94 @@ TEST(CpuAdamw, BitwiseIdenticalAcrossThreadCounts) {
   }
 }
 
+// zf_cpu_adamw_step_flat: the state of several tensors in one buffer per field, with gaps
+// between the runs, against zf_cpu_adamw_step on per-tensor copies: bit for bit at every
+// level and thread count, in both forms (fp32 weights in place; flat masters with a bf16
+// output copy), and the gaps untouched.
+TEST(CpuAdamwFlat, BitwiseThePerTensorStepAndGapsUntouched) {
+  std::mt19937_64 rng(61);
+  const std::vector<int64_t> sizes = {1, 70001, 0, 33, 150007};
+  const int64_t gap = 5;
+  std::vector<int64_t> offsets;
+  int64_t total = gap;
+  for (const int64_t n : sizes) {
+    offsets.push_back(total);
+    total += n + gap;
+  }
+  std::vector<AdamState> start;
+  for (const int64_t n : sizes) start.push_back(random_state(static_cast<size_t>(n), ZF_DTYPE_BF16, rng));
+  const std::vector<int64_t> steps = {1, 2, 3, 4, 5};
+  const std::vector<double> lr = {1e-3, 2e-3, 1e-3, 5e-4, 1e-2};
+  const std::vector<double> weight_decay = {0.1, 0.0, 0.1, 0.2, 0.05};
+  const zf_adam_hparams h = zenflow::adam_hparams(0.9, 0.99, 1e-8, ZF_ADAM_MODE_ADAMW);
+  const float sentinel = -7.0f;
+
+  for (const bool flat_master : {false, true}) {
+    // The per-tensor reference.
+    std::vector<AdamState> expected = start;
+    std::vector<Buffer> expected_out;
+    for (const int64_t n : sizes) expected_out.emplace_back(ZF_DTYPE_BF16, static_cast<size_t>(n));
+    {
+      std::vector<zf_tensor> p, m, v, g, out;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        p.push_back(f32_tensor(expected[i].param));
+        m.push_back(f32_tensor(expected[i].exp_avg));
+        v.push_back(f32_tensor(expected[i].exp_avg_sq));
+        g.push_back(expected[i].grad.tensor());
+        out.push_back(expected_out[i].tensor());
+      }
+      zenflow::cpu_adamw_step(p, m, v, g, flat_master ? out : std::vector<zf_tensor>{}, steps, lr, weight_decay, h);
+    }
+    for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+      for (const int threads : {1, 2, 3}) {
+        zenflow::ScopedSimdLevel simd(level);
+        zenflow::ScopedNumThreads pool(threads);
+        std::vector<AdamState> states = start;
+        std::vector<float> master(static_cast<size_t>(total), sentinel), m(master), v(master);
+        std::vector<Buffer> outs;
+        std::vector<zf_tensor> params, grads, out_tensors;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          const size_t at = static_cast<size_t>(offsets[i]);
+          std::copy(states[i].param.begin(), states[i].param.end(), master.begin() + at);
+          std::copy(states[i].exp_avg.begin(), states[i].exp_avg.end(), m.begin() + at);
+          std::copy(states[i].exp_avg_sq.begin(), states[i].exp_avg_sq.end(), v.begin() + at);
+          outs.emplace_back(ZF_DTYPE_BF16, static_cast<size_t>(sizes[i]));
+          outs.back().poison();
+          params.push_back(f32_tensor(states[i].param));
+          grads.push_back(states[i].grad.tensor());
+        }
+        for (Buffer& out : outs) out_tensors.push_back(out.tensor());
+        zf_tensor master_tensor = f32_tensor(master);
+        zenflow::cpu_adamw_step_flat(flat_master ? std::vector<zf_tensor>{} : params,
+                                     flat_master ? &master_tensor : nullptr, f32_tensor(m), f32_tensor(v), offsets,
+                                     sizes, grads, flat_master ? out_tensors : std::vector<zf_tensor>{}, steps, lr,
+                                     weight_decay, h);
+        const std::string where = std::string(zf_simd_level_name(level)) + ", " + std::to_string(threads) +
+                                  " threads, " + (flat_master ? "flat master" : "fp32 params");
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          const size_t at = static_cast<size_t>(offsets[i]), n = static_cast<size_t>(sizes[i]);
+          const std::vector<float> got_param =
+              flat_master ? std::vector<float>(master.begin() + at, master.begin() + at + n) : states[i].param;
+          EXPECT_TRUE(same_bits(got_param, expected[i].param)) << where << ", tensor " << i;
+          EXPECT_TRUE(same_bits(std::vector<float>(m.begin() + at, m.begin() + at + n), expected[i].exp_avg))
+              << where << ", tensor " << i;
+          EXPECT_TRUE(same_bits(std::vector<float>(v.begin() + at, v.begin() + at + n), expected[i].exp_avg_sq))
+              << where << ", tensor " << i;
+          if (flat_master) EXPECT_TRUE(outs[i].bitwise_equal(expected_out[i])) << where << ", tensor " << i;
+        }
+        for (size_t i = 0; i <= sizes.size(); ++i) {
+          const size_t end = i < sizes.size() ? static_cast<size_t>(offsets[i]) : static_cast<size_t>(total);
+          for (size_t k = end - static_cast<size_t>(gap); k < end; ++k) {
+            EXPECT_EQ(m[k], sentinel) << where;
+            EXPECT_EQ(v[k], sentinel) << where;
+            EXPECT_EQ(master[k], sentinel) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Each tensor is stepped with its own lr and weight decay (param groups in one call), some
 // sharing a pair and some a step, so the call's table of step scalars has shared entries.
 TEST(CpuAdamw, PerTensorLearningRateAndWeightDecay) {
@@ -1172,6 +1260,43 @@ TEST(CpuAdamwBadInput, OverlapAcrossBuffersRejected) {
     expect_error(zf_cpu_gather_columns(&host, &column_tensor, 1, &out), ZF_ERROR_INVALID_VALUE, "out[0].exp_avg_sq",
                  [&] { return untouched() && list_counts[0] == 0; });
   }
+}
+
+TEST(CpuAdamwFlat, BadLayoutsRejectedAndNothingWritten) {
+  std::vector<float> master(16, 1.0f), m(16, 0.5f), v(16, 0.25f), g0(8, 2.0f), g1(5, 2.0f), out_data(16, 3.0f);
+  const auto untouched = [&] {
+    for (size_t i = 0; i < 16; ++i) {
+      if (master[i] != 1.0f || m[i] != 0.5f || v[i] != 0.25f || out_data[i] != 3.0f) return false;
+    }
+    return true;
+  };
+  zf_tensor grads[2] = {f32_tensor(g0), f32_tensor(g1)};
+  zf_tensor outs[2] = {f32_tensor(out_data, {8}), contiguous_tensor(out_data.data() + 8, ZF_DTYPE_F32, {5})};
+  const zf_tensor master_t = f32_tensor(master), m_t = f32_tensor(m), v_t = f32_tensor(v);
+  const int64_t steps[2] = {1, 1};
+  const double lr[2] = {kLr, kLr}, wd[2] = {kWeightDecay, kWeightDecay};
+  const zf_adam_hparams h = zenflow::adam_hparams();
+  auto call = [&](const int64_t* offsets, const int64_t* sizes, const zf_tensor* params, const zf_tensor* flat_master,
+                  const zf_tensor* exp_avg_sq, const zf_tensor* out) {
+    return zf_cpu_adamw_step_flat(params, flat_master, &m_t, exp_avg_sq, offsets, sizes, grads, out, 2, steps, lr, wd,
+                                  &h, 1.0f, 0);
+  };
+  const int64_t sizes[2] = {8, 5};
+  const int64_t overlapping[2] = {0, 7}, past_end[2] = {0, 12}, negative[2] = {-1, 8}, good[2] = {0, 8};
+  expect_error(call(overlapping, sizes, nullptr, &master_t, &v_t, outs), ZF_ERROR_INVALID_VALUE, "offsets[1]",
+               untouched);
+  expect_error(call(past_end, sizes, nullptr, &master_t, &v_t, outs), ZF_ERROR_INVALID_VALUE, "offsets[1]", untouched);
+  expect_error(call(negative, sizes, nullptr, &master_t, &v_t, outs), ZF_ERROR_INVALID_VALUE, "offsets[0]", untouched);
+  const int64_t wrong_sizes[2] = {8, 4};
+  expect_error(call(good, wrong_sizes, nullptr, &master_t, &v_t, outs), ZF_ERROR_INVALID_VALUE, "grads[1]", untouched);
+  expect_error(call(good, sizes, outs, &master_t, &v_t, outs), ZF_ERROR_INVALID_VALUE, "params/master", untouched);
+  expect_error(call(good, sizes, nullptr, nullptr, &v_t, outs), ZF_ERROR_INVALID_VALUE, "params/master", untouched);
+  const zf_tensor short_v = f32_tensor(v, {15});
+  expect_error(call(good, sizes, nullptr, &master_t, &short_v, outs), ZF_ERROR_INVALID_VALUE, "exp_avg_sq", untouched);
+  const zf_tensor into_master[2] = {outs[0], contiguous_tensor(master.data() + 3, ZF_DTYPE_F32, {5})};
+  expect_error(call(good, sizes, nullptr, &master_t, &v_t, into_master), ZF_ERROR_INVALID_VALUE, "overlap", untouched);
+  EXPECT_EQ(call(good, sizes, nullptr, &master_t, &v_t, outs), ZF_SUCCESS) << zf_last_error();
+  EXPECT_FALSE(untouched());
 }
 
 }  // namespace

@@ -70,6 +70,39 @@ ZF_API zf_status zf_cpu_adamw_step(const zf_tensor* params, const zf_tensor* exp
                                    const zf_adam_hparams* hparams, float grad_scale, uint32_t flags);
 
 /*
+ * The same step on `count` tensors whose fp32 state lives in flat buffers: one buffer per
+ * field for all the tensors (CPUAdamW keeps one per kernel batch), tensor i's state being
+ * the run of elements [offsets[i], offsets[i] + sizes[i]) of each. The
+ * pool walks the state buffers contiguously (one stream per field, not one per tensor),
+ * and a call converts 2 to 3 descriptors per tensor instead of 4 to 5.
+ *
+ *   params        NULL, or `count` f32 tensors with n_i elements, updated in place: the
+ *                 weights are their own master (fp32 models). Exactly one of params and
+ *                 master is given (with count 0, either or neither).
+ *   master        NULL, or one f32 tensor (any shape, read as its elements in order): the
+ *                 fp32 master weights, updated in place (bf16 / fp16 models, whose
+ *                 rounded weights are out_params).
+ *   exp_avg, exp_avg_sq  one f32 tensor each, m and v, updated in place. master (when
+ *                 given), exp_avg and exp_avg_sq have the same number of elements.
+ *   offsets[i], sizes[i]  element offset and element count of tensor i's state in those
+ *                 buffers: ascending, each run inside the buffers and not overlapping the
+ *                 next (offsets[i] + sizes[i] <= offsets[i + 1]); gaps are allowed and left
+ *                 untouched (a tensor without a gradient this step).
+ *   grads[i]      f32, bf16 or f16 with sizes[i] elements; params[i] and out_params[i]
+ *                 too. Zeroed with ZF_CPU_ADAMW_ZERO_GRAD.
+ *   out_params, steps, lr, weight_decay, grad_scale, flags: as zf_cpu_adamw_step.
+ *
+ * Ownership: the caller owns every buffer; nothing is kept after the call returns.
+ * Results are bitwise identical to zf_cpu_adamw_step on the same values (any thread
+ * count, every SIMD level).
+ */
+ZF_API zf_status zf_cpu_adamw_step_flat(const zf_tensor* params, const zf_tensor* master, const zf_tensor* exp_avg,
+                                        const zf_tensor* exp_avg_sq, const int64_t* offsets, const int64_t* sizes,
+                                        const zf_tensor* grads, const zf_tensor* out_params, size_t count,
+                                        const int64_t* steps, const double* lr, const double* weight_decay,
+                                        const zf_adam_hparams* hparams, float grad_scale, uint32_t flags);
+
+/*
  * The window's host step: one Adam/AdamW step on the unselected columns of `count`
  * matrices held in the host layout; selected columns are neither read nor written in any
  * buffer (their counts included).

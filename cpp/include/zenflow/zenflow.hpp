@@ -273,6 +273,29 @@ inline void cpu_adamw_step(const std::vector<zf_tensor>& params, const std::vect
                           weight_decay.data(), &hparams, grad_scale, flags));
 }
 
+// The step with the fp32 state in flat buffers (zf_cpu_adamw_step_flat): `params` holds the
+// fp32 weights updated in place (then master is null), or is empty when `master` holds
+// the flat fp32 masters. offsets, out_params (empty: none), steps, lr and weight_decay hold
+// one value per tensor (per gradient); sizes too.
+inline void cpu_adamw_step_flat(const std::vector<zf_tensor>& params, const zf_tensor* master, const zf_tensor& exp_avg,
+                                const zf_tensor& exp_avg_sq, const std::vector<int64_t>& offsets,
+                                const std::vector<int64_t>& sizes, const std::vector<zf_tensor>& grads,
+                                const std::vector<zf_tensor>& out_params, const std::vector<int64_t>& steps,
+                                const std::vector<double>& lr, const std::vector<double>& weight_decay,
+                                const zf_adam_hparams& hparams = adam_hparams(), float grad_scale = 1.0f,
+                                uint32_t flags = 0) {
+  const size_t count = grads.size();
+  detail::require_same_length(count, offsets.size(), "offsets");
+  detail::require_same_length(count, sizes.size(), "sizes");
+  detail::require_same_length(count, steps.size(), "steps");
+  detail::require_same_length(count, lr.size(), "lr");
+  detail::require_same_length(count, weight_decay.size(), "weight_decay");
+  check(zf_cpu_adamw_step_flat(master != nullptr ? nullptr : detail::optional_list(params, count, "params"), master,
+                               &exp_avg, &exp_avg_sq, offsets.data(), sizes.data(), grads.data(),
+                               detail::optional_list(out_params, count, "out_params"), count, steps.data(), lr.data(),
+                               weight_decay.data(), &hparams, grad_scale, flags));
+}
+
 // The step on the unselected columns of host-layout matrices. selected empty: nothing is
 // selected. The gradient is either `grads` (one per matrix) or `packed_grads` (the other
 // empty / null); packed_out may be null.

@@ -224,6 +224,91 @@ void AdamwStepPlan::run(ThreadPool& pool, const AdamwStepPointers& pointers, con
   });
 }
 
+// ---- AdamwFlatStepPlan ----
+
+void AdamwFlatStepPlan::build(const zf_tensor* params, const zf_tensor* master, const zf_tensor* exp_avg,
+                              const zf_tensor* exp_avg_sq, const int64_t* offsets, const int64_t* sizes,
+                              const zf_tensor* grads, const zf_tensor* out_params, size_t count) {
+  require(exp_avg != nullptr && exp_avg_sq != nullptr, ZF_ERROR_INVALID_VALUE, "exp_avg/exp_avg_sq: NULL");
+  require(count == 0 || (grads != nullptr && offsets != nullptr && sizes != nullptr), ZF_ERROR_INVALID_VALUE,
+          "grads/offsets/sizes: NULL array with count=", count);
+  require(params == nullptr || master == nullptr, ZF_ERROR_INVALID_VALUE,
+          "params/master: give one of them (per-tensor fp32 weights or the flat fp32 masters), not both");
+  require(count == 0 || params != nullptr || master != nullptr, ZF_ERROR_INVALID_VALUE,
+          "params/master: one must be given (per-tensor fp32 weights or the flat fp32 masters) with count=", count);
+  check_host_tensor(exp_avg, "exp_avg", {ZF_DTYPE_F32});
+  const int64_t state_elements = numel(*exp_avg);
+  check_host_tensor(exp_avg_sq, "exp_avg_sq", {ZF_DTYPE_F32});
+  check_numel(*exp_avg_sq, "exp_avg_sq", state_elements);
+  if (master != nullptr) {
+    check_host_tensor(master, "master", {ZF_DTYPE_F32});
+    check_numel(*master, "master", state_elements);
+  }
+  std::vector<Tensor> tensors;
+  tensors.reserve(count);
+  int64_t state_end = 0;  // end of the previous tensor's run
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t elements = sizes[i];
+    const int64_t offset = offsets[i];
+    require(elements >= 0, ZF_ERROR_INVALID_VALUE, "sizes[", i, "]: must be >= 0, got ", elements);
+    require(offset >= state_end, ZF_ERROR_INVALID_VALUE, "offsets[", i, "]: ", offset,
+            " is below the end of the previous tensor's state (", state_end,
+            "); offsets must ascend without overlapping runs");
+    require(offset <= state_elements - elements, ZF_ERROR_INVALID_VALUE, "offsets[", i, "]: the run of sizes[", i,
+            "] = ", elements, " elements from ", offset, " ends past the state buffers' ", state_elements, " elements");
+    state_end = offset + elements;
+    check_host_tensor(&grads[i], ArgName("grads", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
+    check_numel(grads[i], ArgName("grads", i), elements);
+    if (params != nullptr) {
+      check_host_tensor(&params[i], ArgName("params", i), {ZF_DTYPE_F32});
+      check_numel(params[i], ArgName("params", i), elements);
+    }
+    zf_dtype out_dtype = ZF_DTYPE_F32;
+    if (out_params != nullptr) {
+      check_host_tensor(&out_params[i], ArgName("out_params", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
+      check_numel(out_params[i], ArgName("out_params", i), elements);
+      out_dtype = out_params[i].dtype;
+    }
+    tensors.push_back(Tensor{elements, offset, grads[i].dtype, out_dtype});
+  }
+  tensors_ = std::move(tensors);
+  has_out_params_ = out_params != nullptr;
+  flat_master_ = master != nullptr;
+  pieces_.clear();
+  pieces_.reserve(count);
+}
+
+void AdamwFlatStepPlan::run(ThreadPool& pool, const AdamwFlatStepPointers& pointers, const int64_t* steps,
+                            const AdamRunValues& values) {
+  scalars_.reset(values.hparams);
+  pieces_.clear();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    pieces_.add(i, tensors_[i].offset, 0, 0, tensors_[i].elements,
+                scalars_.index_of(values.lr[i], values.weight_decay[i], steps[i]));
+  }
+  const simd::KernelTable& kernels = simd::active_kernels();
+  const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
+  const bool stream_out = pieces_.total() >= kStreamOutMinElements;
+  pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
+    const size_t i = piece.matrix;
+    const Tensor& tensor = tensors_[i];
+    const int64_t state = piece.state_offset + offset;
+    simd::AdamStepArgs args;
+    args.param = flat_master_ ? pointers.master + state : static_cast<float*>(pointers.params[i].data) + offset;
+    args.exp_avg = pointers.exp_avg + state;
+    args.exp_avg_sq = pointers.exp_avg_sq + state;
+    args.grad = element_pointer(pointers.grads[i].data, tensor.grad_dtype, offset);
+    args.grad_dtype = tensor.grad_dtype;
+    args.out = has_out_params_ ? element_pointer(pointers.out_params[i].data, tensor.out_dtype, offset) : nullptr;
+    args.out_dtype = tensor.out_dtype;
+    args.zero_grad = zero_grad;
+    args.stream_out = stream_out;
+    args.grad_scale = values.grad_scale;
+    args.scalars = scalars_[piece.scalars];
+    kernels.adam_step(args, length);
+  });
+}
+
 // ---- ColumnStepPlan ----
 
 void ColumnStepPlan::build(const zf_column_state* state, const zf_tensor* selected, size_t count,
@@ -396,10 +481,9 @@ namespace {
 
 // ---- the C entry points: validate, build the plan, run it ----
 
-void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_tensor* exp_avg_sqs,
-                const zf_tensor* grads, const zf_tensor* out_params, size_t count, const int64_t* steps,
-                const double* lr, const double* weight_decay, const zf_adam_hparams* hparams, float grad_scale,
-                uint32_t flags) {
+// The per-step values of the whole-tensor steps (zf_cpu_adamw_step, zf_cpu_adamw_step_flat).
+void check_step_values(size_t count, const int64_t* steps, const double* lr, const double* weight_decay,
+                       const zf_adam_hparams* hparams, float grad_scale, uint32_t flags) {
   check_flags(flags, ZF_CPU_ADAMW_ZERO_GRAD);
   check_adam_hparams(hparams);
   check_lr_and_weight_decay(lr, weight_decay, count);
@@ -408,6 +492,13 @@ void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_ten
   for (size_t i = 0; i < count; ++i) {
     require(steps[i] >= 1, ZF_ERROR_INVALID_VALUE, "steps[", i, "]: must be >= 1, got ", steps[i]);
   }
+}
+
+void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_tensor* exp_avg_sqs,
+                const zf_tensor* grads, const zf_tensor* out_params, size_t count, const int64_t* steps,
+                const double* lr, const double* weight_decay, const zf_adam_hparams* hparams, float grad_scale,
+                uint32_t flags) {
+  check_step_values(count, steps, lr, weight_decay, hparams, grad_scale, flags);
   AdamwStepPlan plan;
   plan.build(params, exp_avgs, exp_avg_sqs, grads, out_params, count);
 
@@ -426,6 +517,35 @@ void adamw_step(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_ten
   const std::shared_ptr<ThreadPool> pool = global_thread_pool();
   plan.run(*pool, AdamwStepPointers{params, exp_avgs, exp_avg_sqs, grads, out_params}, steps,
            AdamRunValues{lr, weight_decay, *hparams, grad_scale, flags});
+}
+
+void adamw_step_flat(const zf_tensor* params, const zf_tensor* master, const zf_tensor* exp_avg,
+                     const zf_tensor* exp_avg_sq, const int64_t* offsets, const int64_t* sizes, const zf_tensor* grads,
+                     const zf_tensor* out_params, size_t count, const int64_t* steps, const double* lr,
+                     const double* weight_decay, const zf_adam_hparams* hparams, float grad_scale, uint32_t flags) {
+  check_step_values(count, steps, lr, weight_decay, hparams, grad_scale, flags);
+  AdamwFlatStepPlan plan;
+  plan.build(params, master, exp_avg, exp_avg_sq, offsets, sizes, grads, out_params, count);
+
+  const bool zero_grad = (flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
+  OverlapCheck overlap;
+  overlap.reserve(3 * count + 3);
+  if (master != nullptr) overlap.add(*master, "master", true);
+  overlap.add(*exp_avg, "exp_avg", true);
+  overlap.add(*exp_avg_sq, "exp_avg_sq", true);
+  for (size_t i = 0; i < count; ++i) {
+    if (params != nullptr) overlap.add(params[i], ArgName("params", i), true);
+    overlap.add(grads[i], ArgName("grads", i), zero_grad);
+    if (out_params != nullptr) overlap.add(out_params[i], ArgName("out_params", i), true);
+  }
+  overlap.check();
+
+  const std::shared_ptr<ThreadPool> pool = global_thread_pool();
+  plan.run(*pool,
+           AdamwFlatStepPointers{params, master != nullptr ? static_cast<float*>(master->data) : nullptr,
+                                 static_cast<float*>(exp_avg->data), static_cast<float*>(exp_avg_sq->data), grads,
+                                 out_params},
+           steps, AdamRunValues{lr, weight_decay, *hparams, grad_scale, flags});
 }
 
 void adamw_step_skip_columns(const zf_column_state* state, const zf_tensor* selected, size_t count,
@@ -620,6 +740,17 @@ ZF_API zf_status zf_cpu_adamw_step(const zf_tensor* params, const zf_tensor* exp
   return zf::api_call([&] {
     zf::adamw_step(params, exp_avgs, exp_avg_sqs, grads, out_params, count, steps, lr, weight_decay, hparams,
                    grad_scale, flags);
+  });
+}
+
+ZF_API zf_status zf_cpu_adamw_step_flat(const zf_tensor* params, const zf_tensor* master, const zf_tensor* exp_avg,
+                                        const zf_tensor* exp_avg_sq, const int64_t* offsets, const int64_t* sizes,
+                                        const zf_tensor* grads, const zf_tensor* out_params, size_t count,
+                                        const int64_t* steps, const double* lr, const double* weight_decay,
+                                        const zf_adam_hparams* hparams, float grad_scale, uint32_t flags) {
+  return zf::api_call([&] {
+    zf::adamw_step_flat(params, master, exp_avg, exp_avg_sq, offsets, sizes, grads, out_params, count, steps, lr,
+                        weight_decay, hparams, grad_scale, flags);
   });
 }
 

@@ -185,6 +185,45 @@ class AdamwStepPlan {
   StepScalarTable scalars_;
 };
 
+// ---- zf_cpu_adamw_step_flat: whole tensors, state in flat buffers ----
+
+// Data of one flat-state step; run() reads only the descriptors' `data`.
+struct AdamwFlatStepPointers {
+  const zf_tensor* params;      // [count] fp32 weights updated in place, or nullptr (master given)
+  float* master;                // the flat fp32 masters, or nullptr (params given)
+  float* exp_avg;               // flat m
+  float* exp_avg_sq;            // flat v
+  const zf_tensor* grads;       // [count]
+  const zf_tensor* out_params;  // [count], or nullptr unless the plan was built with out_params
+};
+
+class AdamwFlatStepPlan {
+ public:
+  // Validates the structure (zf_cpu_adamw_step_flat's rules: exactly one of params and
+  // master; f32 flat buffers of one size; offsets ascending, in range, not overlapping;
+  // per-tensor descriptors as AdamwStepPlan) and lays out the work. Throws zf::Error.
+  void build(const zf_tensor* params, const zf_tensor* master, const zf_tensor* exp_avg, const zf_tensor* exp_avg_sq,
+             const int64_t* offsets, const int64_t* sizes, const zf_tensor* grads, const zf_tensor* out_params,
+             size_t count);
+  size_t count() const { return tensors_.size(); }
+
+  // One step of every tensor; the same requirements as AdamwStepPlan::run.
+  void run(ThreadPool& pool, const AdamwFlatStepPointers& pointers, const int64_t* steps, const AdamRunValues& values);
+
+ private:
+  struct Tensor {
+    int64_t elements;
+    int64_t offset;  // into the flat state buffers
+    zf_dtype grad_dtype;
+    zf_dtype out_dtype;
+  };
+  std::vector<Tensor> tensors_;
+  bool has_out_params_ = false;
+  bool flat_master_ = false;
+  PieceList pieces_;
+  StepScalarTable scalars_;
+};
+
 // ---- zf_cpu_adamw_step_skip_columns: the unselected columns of host-layout matrices ----
 
 // Data of one column step; run() reads only the descriptors' `data`.

@@ -54,6 +54,45 @@ void register_cpu_adamw(py::module_& m) {
       py::arg("steps"), py::arg("lr"), py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
       py::arg("mode"), py::arg("grad_scale"), py::arg("flags"));
 
+  // The flat-state step: params or master is None; offsets, sizes, steps, lr and weight_decay
+  // are one value per gradient.
+  m.def(
+      "cpu_adamw_step_flat",
+      [](const py::object& params, const py::object& master, const py::object& exp_avg, const py::object& exp_avg_sq,
+         const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, const py::object& grads,
+         const py::object& out_params, const std::vector<int64_t>& steps, const std::vector<double>& lr,
+         const std::vector<double>& weight_decay, double beta1, double beta2, double eps, int mode, float grad_scale,
+         uint32_t flags) {
+        Converter conv;
+        const auto g =
+            conv.list(grads, "grads", (flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0 ? Access::kWrite : Access::kRead);
+        const size_t count = g.size();
+        const auto p = conv.optional_list(params, "params", Access::kWrite);
+        if (!params.is_none()) require_length(count, p.size(), "params", "grads");
+        zf_tensor master_desc{};
+        if (!master.is_none()) master_desc = conv.tensor(master, ArgName{"master"}, Access::kWrite);
+        const zf_tensor m_desc = conv.tensor(exp_avg, ArgName{"exp_avg"}, Access::kWrite);
+        const zf_tensor v_desc = conv.tensor(exp_avg_sq, ArgName{"exp_avg_sq"}, Access::kWrite);
+        const auto out = conv.optional_list(out_params, "out_params", Access::kWrite);
+        if (!out_params.is_none()) require_length(count, out.size(), "out_params", "grads");
+        require_length(count, offsets.size(), "offsets", "grads");
+        require_length(count, sizes.size(), "sizes", "grads");
+        require_length(count, steps.size(), "steps", "grads");
+        require_length(count, lr.size(), "lr", "grads");
+        require_length(count, weight_decay.size(), "weight_decay", "grads");
+        const zf_adam_hparams h{beta1, beta2, eps, static_cast<zf_adam_mode>(mode)};
+        conv.run([&] {
+          return zf_cpu_adamw_step_flat(params.is_none() ? nullptr : p.data(),
+                                        master.is_none() ? nullptr : &master_desc, &m_desc, &v_desc, offsets.data(),
+                                        sizes.data(), g.data(), out_params.is_none() ? nullptr : out.data(), count,
+                                        steps.data(), lr.data(), weight_decay.data(), &h, grad_scale, flags);
+        });
+      },
+      py::arg("params"), py::arg("master"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("offsets"),
+      py::arg("sizes"), py::arg("grads"), py::arg("out_params"), py::arg("steps"), py::arg("lr"),
+      py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("mode"),
+      py::arg("grad_scale"), py::arg("flags"));
+
   m.def(
       "cpu_adamw_step_skip_columns",
       [](const py::object& state, const py::object& selected, const py::object& grads, const py::object& packed_grads,

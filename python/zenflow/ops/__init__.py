@@ -18,6 +18,7 @@ from __future__ import annotations
 from .cpu_adamw import (
     cpu_accumulate,
     cpu_adamw_step,
+    cpu_adamw_step_flat,
     cpu_adamw_step_skip_columns,
     cpu_gather_columns,
     cpu_scatter_columns,
@@ -34,6 +35,7 @@ __all__ = [
     "column_stats",
     "cpu_accumulate",
     "cpu_adamw_step",
+    "cpu_adamw_step_flat",
     "cpu_adamw_step_skip_columns",
     "cpu_gather_columns",
     "cpu_scatter_columns",

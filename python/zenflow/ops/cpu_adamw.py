@@ -10,6 +10,7 @@ anything, and is bitwise identical for any thread count and SIMD level.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from .optim import ColumnState
 __all__ = [
     "cpu_accumulate",
     "cpu_adamw_step",
+    "cpu_adamw_step_flat",
     "cpu_adamw_step_skip_columns",
     "cpu_gather_columns",
     "cpu_scatter_columns",
@@ -80,6 +82,58 @@ def cpu_adamw_step(
         per_matrix("lr", lr, count),
         per_matrix("weight_decay", weight_decay, count),
         *hparams,
+        number("grad_scale", grad_scale),
+        ZERO_GRAD if flag("zero_grad", zero_grad) else 0,
+    )
+
+
+def cpu_adamw_step_flat(
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    grads: Any,
+    offsets: Sequence[int],
+    *,
+    params: Any = None,
+    master: Any = None,
+    step: int | Sequence[int],
+    lr: float | Sequence[float],
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float | Sequence[float] = 1e-2,
+    mode: str = "adamw",
+    grad_scale: float = 1.0,
+    out_params: Any = None,
+    zero_grad: bool = False,
+) -> None:
+    """cpu_adamw_step with the fp32 state of all tensors in flat buffers
+    (zf_cpu_adamw_step_flat): tensor i's m and v are the elements [offsets[i], offsets[i] +
+    n_i) of `exp_avg` and `exp_avg_sq` (float32, contiguous, any shape, read as their
+    elements in order), n_i = grads[i].numel(); offsets ascend and the runs do not overlap.
+
+    The weights, exactly one of: params, one float32 tensor per gradient updated in place
+    (an fp32 model: its own master), or master, one flat float32 buffer like exp_avg (the
+    fp32 masters of a bf16/fp16 model, whose rounded weights go to out_params).
+    Everything else as cpu_adamw_step; bitwise identical to it on the same values.
+    """
+    grads = one_or_list("grads", grads)
+    count = len(grads)
+    if (params is None) == (master is None) and count:
+        raise ValueError("params/master: give exactly one of them")
+    offsets = as_list("offsets", offsets)
+    native().cpu_adamw_step_flat(
+        optional_list("params", params, count),
+        master,
+        exp_avg,
+        exp_avg_sq,
+        int_per_matrix("offsets", offsets, count),
+        # The state runs' sizes are the gradients' (a non-array fails in the native call).
+        [math.prod(getattr(g, "shape", ())) for g in grads],
+        grads,
+        optional_list("out_params", out_params, count),
+        int_per_matrix("step", step, count),
+        per_matrix("lr", lr, count),
+        per_matrix("weight_decay", weight_decay, count),
+        *adam_hparams(betas, eps, mode),
         number("grad_scale", grad_scale),
         ZERO_GRAD if flag("zero_grad", zero_grad) else 0,
     )
