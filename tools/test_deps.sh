@@ -36,6 +36,7 @@ have_gtest() {
 missing_apt=()
 have_gtest || missing_apt+=(libgtest-dev)
 command -v ccache > /dev/null || missing_apt+=(ccache)
+command -v pkg-config > /dev/null || missing_apt+=(pkgconf)  # tools/test_install.sh
 if [ ${#missing_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get > /dev/null; then
     say "apt-get install ${missing_apt[*]}"
@@ -44,6 +45,8 @@ if [ ${#missing_apt[@]} -gt 0 ]; then
     # ccache is a convenience: its absence must not stop the tests.
     apt-get install -y -qq libgtest-dev > /dev/null 2>&1 || have_gtest || true
     apt-get install -y -qq ccache > /dev/null 2>&1 || say "ccache not available (builds are just slower)"
+    command -v pkg-config > /dev/null || apt-get install -y -qq pkgconf > /dev/null 2>&1 ||
+      say "pkg-config not available: the installed-package test will say so"
   fi
   if ! have_gtest; then
     say "GoogleTest is missing and cannot be installed here (needs root and apt-get)."
