@@ -18,6 +18,7 @@
 
 #include "common/device_ops.hpp"
 #include "common/error.hpp"
+#include "common/matrix_view.hpp"
 #include "common/step_scalars.hpp"
 #include "common/tensor.hpp"
 #include "cuda/common/cuda_check.cuh"
@@ -95,13 +96,17 @@ class CudaBackend final : public Backend {
   }
 
   size_t column_stats_workspace_bytes(const zf_tensor* params, size_t count) override {
-    return cuda_ops().column_stats_workspace_bytes(params, count);
+    const std::vector<zf_tensor>& views = matrix_views(params, count);
+    return cuda_ops().column_stats_workspace_bytes(views.data(), count);
   }
 
   void column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, const zf_tensor* col_sq, float* total_sq,
                     int32_t* nonfinite, void* workspace, size_t workspace_bytes) override {
-    cuda_ops().column_stats(grads, col_sq, plan.size(), total_sq, nonfinite, device_, false, workspace, workspace_bytes,
-                            compute_);
+    // The launcher reads [rows, cols] descriptors (the op's validation reshapes for it):
+    // a bias [n] is [1, n], a [5, 3, 4] weight is [5, 12].
+    const std::vector<zf_tensor>& views = matrix_views(grads, plan.size());
+    cuda_ops().column_stats(views.data(), col_sq, plan.size(), total_sq, nonfinite, device_, false, workspace,
+                            workspace_bytes, compute_);
   }
 
   void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
@@ -267,6 +272,15 @@ class CudaBackend final : public Backend {
     }
   }
 
+  const std::vector<zf_tensor>& matrix_views(const zf_tensor* tensors, size_t count) {
+    views_.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      const MatrixView view = matrix_view(tensors[i]);
+      views_[i] = device_tensor(tensors[i].data, tensors[i].dtype, device_, view.rows, view.cols);
+    }
+    return views_;
+  }
+
   static cudaEvent_t cuda_event(const Event& event) { return static_cast<const CudaEvent&>(*event).get(); }
 
   void pack_or_scatter(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed,
@@ -286,7 +300,7 @@ class CudaBackend final : public Backend {
   cudaStream_t down_ = nullptr, up_ = nullptr;
   ThreadPool pool_;
   // argument arrays, kept for capacity (the launchers read them during the call only)
-  std::vector<zf_tensor> params_, grads_, selected_;
+  std::vector<zf_tensor> params_, grads_, selected_, views_;
   std::vector<zf_column_state> states_;
   std::vector<double> lr_, weight_decay_;
 };
