@@ -452,3 +452,53 @@ TEST(EngineLaneOrdering, NonFiniteGradientIsFoundWhenTheNextStepRewritesTheScala
 }
 
 }  // namespace
+
+namespace {
+
+// The bucket planner: consecutive matrices of one dtype, at most bucket_bytes of packed
+// gradient with nothing selected; a larger matrix is a bucket of its own; dense parameters
+// (1-D, or in a dense group) are in no bucket.
+TEST(EngineBuckets, ConsecutiveMatricesOfOneDtypeUpToTheBucketBytes) {
+  Model model;
+  model.groups = {zf_engine_group{1e-3, 0.0, 0}, zf_engine_group{1e-3, 0.0, 1}};
+  const std::vector<std::pair<zf_dtype, std::vector<int64_t>>> params = {
+      {ZF_DTYPE_BF16, {4, 10}},  // matrix 0: 80 bytes
+      {ZF_DTYPE_BF16, {3, 10}},  // matrix 1: 60 bytes (with 0: 140 <= 150)
+      {ZF_DTYPE_F32, {7}},       // dense (1-D)
+      {ZF_DTYPE_BF16, {2, 5}},   // matrix 2: 20 bytes (160 > 150: a new bucket)
+      {ZF_DTYPE_F32, {2, 5}},    // matrix 3: another dtype, a new bucket (40 bytes)
+      {ZF_DTYPE_F32, {10, 10}},  // matrix 4: 400 bytes > 150, a bucket of its own
+      {ZF_DTYPE_F32, {2, 2}},    // matrix 5: 16 bytes, after the large one: a new bucket
+      {ZF_DTYPE_F32, {3, 3}},    // in the dense group: no bucket
+      {ZF_DTYPE_F32, {1, 4}},    // matrix 6: 16 bytes, with matrix 5 (32 bytes)
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    model.params.emplace_back(params[i].first, params[i].second);
+    model.param_groups.push_back(i == 7 ? 1 : 0);
+  }
+  zf_engine_config c = zf_engine_test::test_config();
+  c.bucket_bytes = 150;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  const std::vector<zf::testing::BucketSpan> got = zf::testing::buckets(engine.get());
+  const std::vector<zf::testing::BucketSpan> want = {{0, 2, ZF_DTYPE_BF16, 140},
+                                                     {2, 3, ZF_DTYPE_BF16, 20},
+                                                     {3, 4, ZF_DTYPE_F32, 40},
+                                                     {4, 5, ZF_DTYPE_F32, 400},
+                                                     {5, 7, ZF_DTYPE_F32, 32}};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_EQ(got[b].first, want[b].first) << "bucket " << b;
+    EXPECT_EQ(got[b].last, want[b].last) << "bucket " << b;
+    EXPECT_EQ(got[b].dtype, want[b].dtype) << "bucket " << b;
+    EXPECT_EQ(got[b].max_bytes, want[b].max_bytes) << "bucket " << b;
+  }
+  // The staging slots hold the largest bucket: the ring's size follows bucket_bytes.
+  zf_engine_stats stats{};
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  engine.step(tensors_of(grads));
+  stats = engine.stats();
+  const size_t slot = (256 + 400 + 255) / 256 * 256;
+  EXPECT_GE(static_cast<size_t>(stats.pinned_host_bytes), static_cast<size_t>(c.staging_slots) * slot);
+}
+
+}  // namespace

@@ -64,6 +64,17 @@ class Engine {
   // before the first step or load, with no device memory attached.
   void replace_backend_for_testing(std::unique_ptr<Backend> backend);
   void synchronize_backend() { backend_->synchronize(); }
+  // Testing: the buckets as [first matrix, last matrix), dtype, bytes with nothing selected.
+  struct BucketSpan {
+    size_t first, last;
+    zf_dtype dtype;
+    size_t max_bytes;
+  };
+  std::vector<BucketSpan> buckets_for_testing() const {
+    std::vector<BucketSpan> out;
+    for (const Bucket& b : buckets_) out.push_back(BucketSpan{b.first, b.last, b.dtype, b.max_bytes});
+    return out;
+  }
 
  private:
   struct Param {

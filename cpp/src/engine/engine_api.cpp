@@ -239,6 +239,12 @@ void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend) {
   engine->engine.replace_backend_for_testing(std::move(backend));
 }
 void synchronize_backend(zf_engine* engine) { engine->engine.synchronize_backend(); }
+std::vector<BucketSpan> buckets(const zf_engine* engine) {
+  std::vector<BucketSpan> out;
+  for (const auto& b : engine->engine.buckets_for_testing())
+    out.push_back(BucketSpan{b.first, b.last, b.dtype, b.max_bytes});
+  return out;
+}
 
 }  // namespace testing
 }  // namespace zf

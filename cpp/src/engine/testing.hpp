@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "engine/backend.hpp"
 #include "zenflow/engine.h"
@@ -18,6 +19,15 @@ int host_lane_threads(const zf_engine* engine);
 void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend);
 // Waits for every lane of the engine's backend (the host lane excluded).
 void synchronize_backend(zf_engine* engine);
+// The engine's staging buckets: [first, last) in matrix order (matrices are the
+// parameters with ndim >= 2 outside dense groups, in parameter order), dtype, and the
+// packed bytes of a bucket with nothing selected.
+struct BucketSpan {
+  size_t first, last;
+  zf_dtype dtype;
+  size_t max_bytes;
+};
+std::vector<BucketSpan> buckets(const zf_engine* engine);
 
 }  // namespace testing
 }  // namespace zf
