@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_test_util.h"
 #include "zenflow/zenflow.h"
 
 /* Under AddressSanitizer or ThreadSanitizer (tools/run_sanitizers.sh) a failed operator new
@@ -28,48 +29,8 @@
 #endif
 #endif
 
-static int failures = 0;
-#define EXPECT(cond)                                                     \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                        \
-    }                                                                    \
-  } while (0)
-/* A call that must fail with `status` and a message containing `text`. */
-#define EXPECT_ERROR(call, status, text)                                                                       \
-  do {                                                                                                         \
-    zf_status got_ = (call);                                                                                   \
-    if (got_ != (status) || strstr(zf_last_error(), (text)) == NULL) {                                         \
-      fprintf(stderr, "%s:%d: %s\n  returned %s \"%s\", expected %s with \"%s\"\n", __FILE__, __LINE__, #call, \
-              zf_status_string(got_), zf_last_error(), zf_status_string(status), (text));                      \
-      ++failures;                                                                                              \
-    }                                                                                                          \
-  } while (0)
-#define EXPECT_OK(call)                                                                                    \
-  do {                                                                                                     \
-    zf_status got_ = (call);                                                                               \
-    if (got_ != ZF_SUCCESS) {                                                                              \
-      fprintf(stderr, "%s:%d: %s\n  returned %s: %s\n", __FILE__, __LINE__, #call, zf_status_string(got_), \
-              zf_last_error());                                                                            \
-      ++failures;                                                                                          \
-    }                                                                                                      \
-  } while (0)
-
-static zf_tensor t1(void* data, zf_dtype dtype, int64_t n) {
-  zf_tensor t;
-  memset(&t, 0, sizeof(t));
-  t.data = data;
-  t.dtype = dtype;
-  t.device.type = ZF_DEVICE_CPU;
-  t.ndim = 1;
-  t.shape[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
-
 static zf_tensor t2(void* data, zf_dtype dtype, int64_t rows, int64_t cols) {
-  zf_tensor t = t1(data, dtype, rows);
+  zf_tensor t = tensor_1d(data, dtype, rows);
   t.ndim = 2;
   t.shape[1] = cols;
   t.strides[0] = cols;
@@ -81,7 +42,7 @@ static zf_tensor t2(void* data, zf_dtype dtype, int64_t rows, int64_t cols) {
  * alignment, is what the call rejects. */
 static int64_t wide[16];
 
-static zf_tensor empty_f32(void) { return t1(NULL, ZF_DTYPE_F32, 0); }
+static zf_tensor empty_f32(void) { return tensor_1d(NULL, ZF_DTYPE_F32, 0); }
 
 static int all_equal(const float* values, int n, float expected) {
   int i;
@@ -161,10 +122,10 @@ static void check_column_ops(void) {
   float grad[2 * 3] = {1, 2, 3, 4, 5, 6}, col_sq[3], total = -1, packed[4], restored[6];
   int32_t flag = -1, picked[2] = {-1, -1}, selected = 1, bad_selected = 3;
   int64_t rows[2] = {2, 3}, cols[2] = {4, 5}, counts[2] = {1, 0}, offsets[3] = {-1, -1, -1};
-  zf_tensor g = t2(grad, ZF_DTYPE_F32, 2, 3), out = t1(col_sq, ZF_DTYPE_F32, 3);
-  zf_tensor total_t = t1(&total, ZF_DTYPE_F32, 1), flag_t = t1(&flag, ZF_DTYPE_I32, 1);
-  zf_tensor picked_t = t1(picked, ZF_DTYPE_I32, 2), selected_t = t1(&selected, ZF_DTYPE_I32, 1);
-  zf_tensor packed_t = t1(packed, ZF_DTYPE_F32, 4), restored_t = t2(restored, ZF_DTYPE_F32, 2, 3);
+  zf_tensor g = t2(grad, ZF_DTYPE_F32, 2, 3), out = tensor_1d(col_sq, ZF_DTYPE_F32, 3);
+  zf_tensor total_t = tensor_1d(&total, ZF_DTYPE_F32, 1), flag_t = tensor_1d(&flag, ZF_DTYPE_I32, 1);
+  zf_tensor picked_t = tensor_1d(picked, ZF_DTYPE_I32, 2), selected_t = tensor_1d(&selected, ZF_DTYPE_I32, 1);
+  zf_tensor packed_t = tensor_1d(packed, ZF_DTYPE_F32, 4), restored_t = t2(restored, ZF_DTYPE_F32, 2, 3);
   zf_tensor bad;
   size_t workspace_bytes = 99;
 
@@ -181,7 +142,7 @@ static void check_column_ops(void) {
   bad.dtype = (zf_dtype)77; /* not a dtype at all */
   EXPECT_ERROR(zf_column_stats(&bad, &out, 1, &total_t, &flag_t, 0, NULL, NULL, NULL), ZF_ERROR_INVALID_TYPE,
                "grads[0]");
-  bad = t1(col_sq, ZF_DTYPE_F32, 2); /* [2] for a matrix of 3 columns */
+  bad = tensor_1d(col_sq, ZF_DTYPE_F32, 2); /* [2] for a matrix of 3 columns */
   EXPECT_ERROR(zf_column_stats(&g, &bad, 1, &total_t, &flag_t, 0, NULL, NULL, NULL), ZF_ERROR_INVALID_VALUE,
                "out_col_sq[0]");
   bad = g;
@@ -243,9 +204,9 @@ static void check_column_ops(void) {
 
   /* zf_select_topk_columns */
   EXPECT_ERROR(zf_select_topk_columns(&out, NULL, 1, NULL, NULL, NULL), ZF_ERROR_INVALID_VALUE, "out_indices");
-  bad = t1(wide, ZF_DTYPE_I64, 2);
+  bad = tensor_1d(wide, ZF_DTYPE_I64, 2);
   EXPECT_ERROR(zf_select_topk_columns(&out, &bad, 1, NULL, NULL, NULL), ZF_ERROR_INVALID_TYPE, "out_indices[0]");
-  bad = t1(picked, ZF_DTYPE_I32, 4); /* k > n */
+  bad = tensor_1d(picked, ZF_DTYPE_I32, 4); /* k > n */
   EXPECT_ERROR(zf_select_topk_columns(&out, &bad, 1, NULL, NULL, NULL), ZF_ERROR_INVALID_VALUE, "out_indices[0]");
   col_sq[1] = NAN;
   EXPECT_ERROR(zf_select_topk_columns(&out, &picked_t, 1, NULL, NULL, NULL), ZF_ERROR_INVALID_VALUE, "NaN");
@@ -266,11 +227,11 @@ static void check_column_ops(void) {
   /* zf_pack_columns / zf_scatter_columns: columns 0 and 2 of [[1,2,3],[4,5,6]]. */
   packed[0] = packed[1] = packed[2] = packed[3] = -1.0f;
   EXPECT_ERROR(zf_pack_columns(&g, &selected_t, 1, NULL, NULL, NULL), ZF_ERROR_INVALID_VALUE, "packed");
-  bad = t1(&bad_selected, ZF_DTYPE_I32, 1); /* column 3 of a 3-column matrix */
+  bad = tensor_1d(&bad_selected, ZF_DTYPE_I32, 1); /* column 3 of a 3-column matrix */
   EXPECT_ERROR(zf_pack_columns(&g, &bad, 1, &packed_t, NULL, NULL), ZF_ERROR_INVALID_VALUE, "selected[0]");
-  bad = t1(packed, ZF_DTYPE_I32, 4);
+  bad = tensor_1d(packed, ZF_DTYPE_I32, 4);
   EXPECT_ERROR(zf_pack_columns(&g, &selected_t, 1, &bad, NULL, NULL), ZF_ERROR_INVALID_TYPE, "packed");
-  bad = t1(packed, ZF_DTYPE_F32, 3);
+  bad = tensor_1d(packed, ZF_DTYPE_F32, 3);
   EXPECT_ERROR(zf_pack_columns(&g, &selected_t, 1, &bad, NULL, NULL), ZF_ERROR_INVALID_VALUE, "packed");
   EXPECT(all_equal(packed, 4, -1.0f));
   EXPECT_OK(zf_pack_columns(&g, &selected_t, 1, &packed_t, NULL, NULL));
@@ -296,21 +257,21 @@ static void check_optimizer_ops(void) {
   float m[2 * 2] = {0}, v[2 * 2] = {0};
   int32_t selected[2] = {1, 3}, steps[2] = {0, 0}, unsorted[2] = {3, 1};
   zf_tensor w_t = t2(weights, ZF_DTYPE_F32, 2, 4), g_t = t2(grads, ZF_DTYPE_F32, 2, 4);
-  zf_tensor sel_t = t1(selected, ZF_DTYPE_I32, 2), bad;
+  zf_tensor sel_t = tensor_1d(selected, ZF_DTYPE_I32, 2), bad;
   zf_column_state state;
   int i;
 
   state.master = empty_f32();
   state.exp_avg = t2(m, ZF_DTYPE_F32, 2, 2);
   state.exp_avg_sq = t2(v, ZF_DTYPE_F32, 2, 2);
-  state.steps = t1(steps, ZF_DTYPE_I32, 2);
+  state.steps = tensor_1d(steps, ZF_DTYPE_I32, 2);
   EXPECT_ERROR(
       zf_adamw_selected_columns(&w_t, &g_t, &sel_t, &state, 1, &lr, &weight_decay, NULL, NULL, NULL, NULL, NULL),
       ZF_ERROR_INVALID_VALUE, "hparams");
   EXPECT_ERROR(
       zf_adamw_selected_columns(&w_t, &g_t, &sel_t, NULL, 1, &lr, &weight_decay, NULL, &hparams, NULL, NULL, NULL),
       ZF_ERROR_INVALID_VALUE, "state");
-  bad = t1(unsorted, ZF_DTYPE_I32, 2);
+  bad = tensor_1d(unsorted, ZF_DTYPE_I32, 2);
   EXPECT_ERROR(
       zf_adamw_selected_columns(&w_t, &g_t, &bad, &state, 1, &lr, &weight_decay, NULL, &hparams, NULL, NULL, NULL),
       ZF_ERROR_INVALID_VALUE, "selected[0]");
@@ -344,7 +305,7 @@ static void check_optimizer_ops(void) {
   /* Empty tensors whose other sizes are huge (found by the fuzzer): the element count is 0,
    * and a matrix view of 2^63 columns is refused, with no overflow on the way. */
   {
-    zf_tensor empty = t1(NULL, ZF_DTYPE_F32, 0), huge_empty = t1(NULL, ZF_DTYPE_F32, 0);
+    zf_tensor empty = tensor_1d(NULL, ZF_DTYPE_F32, 0), huge_empty = tensor_1d(NULL, ZF_DTYPE_F32, 0);
     int64_t step = 1;
     huge_empty.ndim = 3;
     huge_empty.shape[0] = INT64_MAX;
@@ -364,14 +325,15 @@ static void check_optimizer_ops(void) {
   {
     float p[3] = {1, 1, 1}, pm[3] = {0}, pv[3] = {0}, pg[3] = {2, -2, 2};
     int64_t step = 1;
-    zf_tensor p_t = t1(p, ZF_DTYPE_F32, 3), m_t = t1(pm, ZF_DTYPE_F32, 3), v_t = t1(pv, ZF_DTYPE_F32, 3);
-    zf_tensor pg_t = t1(pg, ZF_DTYPE_F32, 3);
+    zf_tensor p_t = tensor_1d(p, ZF_DTYPE_F32, 3), m_t = tensor_1d(pm, ZF_DTYPE_F32, 3),
+              v_t = tensor_1d(pv, ZF_DTYPE_F32, 3);
+    zf_tensor pg_t = tensor_1d(pg, ZF_DTYPE_F32, 3);
     EXPECT_ERROR(zf_cpu_adamw_step(&p_t, &m_t, &v_t, &pg_t, NULL, 1, NULL, &lr, &weight_decay, &hparams, 1.0f, 0),
                  ZF_ERROR_INVALID_VALUE, "steps");
-    bad = t1(pg, ZF_DTYPE_I32, 3);
+    bad = tensor_1d(pg, ZF_DTYPE_I32, 3);
     EXPECT_ERROR(zf_cpu_adamw_step(&p_t, &m_t, &v_t, &bad, NULL, 1, &step, &lr, &weight_decay, &hparams, 1.0f, 0),
                  ZF_ERROR_INVALID_TYPE, "grads[0]");
-    bad = t1(pg, ZF_DTYPE_F32, 2);
+    bad = tensor_1d(pg, ZF_DTYPE_F32, 2);
     EXPECT_ERROR(zf_cpu_adamw_step(&p_t, &m_t, &v_t, &bad, NULL, 1, &step, &lr, &weight_decay, &hparams, 1.0f, 0),
                  ZF_ERROR_INVALID_VALUE, "grads[0]");
     EXPECT_ERROR(zf_cpu_adamw_step(&p_t, &m_t, &v_t, &pg_t, NULL, 1, &step, &lr, &weight_decay, &hparams, NAN, 0),
@@ -382,9 +344,9 @@ static void check_optimizer_ops(void) {
     EXPECT(fabsf(p[0] - 0.9f) < 1e-6f && fabsf(p[1] - 1.1f) < 1e-6f && all_equal(pg, 3, 0.0f));
 
     EXPECT_ERROR(zf_cpu_accumulate(NULL, NULL, 1, &pg_t, 1.0f), ZF_ERROR_INVALID_VALUE, "accumulators");
-    bad = t1(pm, ZF_DTYPE_I32, 3);
+    bad = tensor_1d(pm, ZF_DTYPE_I32, 3);
     EXPECT_ERROR(zf_cpu_accumulate(&m_t, NULL, 1, &bad, 1.0f), ZF_ERROR_INVALID_TYPE, "packed");
-    bad = t1(pg, ZF_DTYPE_F32, 4);
+    bad = tensor_1d(pg, ZF_DTYPE_F32, 4);
     EXPECT_ERROR(zf_cpu_accumulate(&m_t, NULL, 1, &bad, 1.0f), ZF_ERROR_INVALID_VALUE, "packed");
   }
   {
@@ -392,11 +354,11 @@ static void check_optimizer_ops(void) {
     float master[2] = {1, 1}, hm[2] = {0}, hv[2] = {0}, acc[2] = {-3, 5};
     int32_t host_steps[2] = {0, 0}, one = 1;
     zf_column_state host;
-    zf_tensor acc_t = t2(acc, ZF_DTYPE_F32, 2, 1), one_t = t1(&one, ZF_DTYPE_I32, 1);
-    host.master = t1(master, ZF_DTYPE_F32, 2);
+    zf_tensor acc_t = t2(acc, ZF_DTYPE_F32, 2, 1), one_t = tensor_1d(&one, ZF_DTYPE_I32, 1);
+    host.master = tensor_1d(master, ZF_DTYPE_F32, 2);
     host.exp_avg = t2(hm, ZF_DTYPE_F32, 2, 1);
-    host.exp_avg_sq = t1(hv, ZF_DTYPE_F32, 2);
-    host.steps = t1(host_steps, ZF_DTYPE_I32, 2);
+    host.exp_avg_sq = tensor_1d(hv, ZF_DTYPE_F32, 2);
+    host.steps = tensor_1d(host_steps, ZF_DTYPE_I32, 2);
     EXPECT_ERROR(zf_cpu_adamw_step_skip_columns(&host, &one_t, 1, NULL, NULL, NULL, &lr, &weight_decay, &hparams, 1.0f,
                                                 ZF_CPU_ADAMW_INCREMENT_STEPS),
                  ZF_ERROR_INVALID_VALUE, "grads");
@@ -419,19 +381,19 @@ static void check_optimizer_ops(void) {
     float hm[8] = {0, 1, 10, 11, 20, 21, 30, 31}, hv[8] = {0, 1, 2, 3, 4, 5, 6, 7}, om[4], ov[4];
     int32_t hsteps[4] = {5, 6, 7, 8}, osteps[2] = {-1, -1}, columns[2] = {1, 3}, bad_columns[2] = {1, 4};
     zf_column_state host, list;
-    zf_tensor columns_t = t1(columns, ZF_DTYPE_I32, 2);
+    zf_tensor columns_t = tensor_1d(columns, ZF_DTYPE_I32, 2);
     host.master = empty_f32();
     host.exp_avg = t2(hm, ZF_DTYPE_F32, 4, 2);
-    host.exp_avg_sq = t1(hv, ZF_DTYPE_F32, 8);
-    host.steps = t1(hsteps, ZF_DTYPE_I32, 4);
+    host.exp_avg_sq = tensor_1d(hv, ZF_DTYPE_F32, 8);
+    host.steps = tensor_1d(hsteps, ZF_DTYPE_I32, 4);
     list.master = empty_f32();
     list.exp_avg = t2(om, ZF_DTYPE_F32, 2, 2);
     list.exp_avg_sq = t2(ov, ZF_DTYPE_F32, 2, 2);
-    list.steps = t1(osteps, ZF_DTYPE_I32, 2);
+    list.steps = tensor_1d(osteps, ZF_DTYPE_I32, 2);
     EXPECT_ERROR(zf_cpu_gather_columns(&host, &columns_t, 1, NULL), ZF_ERROR_INVALID_VALUE, "out");
-    bad = t1(bad_columns, ZF_DTYPE_I32, 2);
+    bad = tensor_1d(bad_columns, ZF_DTYPE_I32, 2);
     EXPECT_ERROR(zf_cpu_gather_columns(&host, &bad, 1, &list), ZF_ERROR_INVALID_VALUE, "columns[0]");
-    bad = t1(wide, ZF_DTYPE_I64, 2);
+    bad = tensor_1d(wide, ZF_DTYPE_I64, 2);
     EXPECT_ERROR(zf_cpu_gather_columns(&host, &bad, 1, &list), ZF_ERROR_INVALID_TYPE, "columns[0]");
     EXPECT(osteps[0] == -1);
     EXPECT_OK(zf_cpu_gather_columns(&host, &columns_t, 1, &list));
@@ -439,9 +401,9 @@ static void check_optimizer_ops(void) {
     om[0] = -5;
     osteps[1] = 42;
     EXPECT_ERROR(zf_cpu_scatter_columns(NULL, &columns_t, 1, &host), ZF_ERROR_INVALID_VALUE, "in");
-    list.steps = t1(osteps, ZF_DTYPE_I32, 1);
+    list.steps = tensor_1d(osteps, ZF_DTYPE_I32, 1);
     EXPECT_ERROR(zf_cpu_scatter_columns(&list, &columns_t, 1, &host), ZF_ERROR_INVALID_VALUE, "in[0]");
-    list.steps = t1(osteps, ZF_DTYPE_I32, 2);
+    list.steps = tensor_1d(osteps, ZF_DTYPE_I32, 2);
     EXPECT(hm[2] == 10);
     EXPECT_OK(zf_cpu_scatter_columns(&list, &columns_t, 1, &host));
     EXPECT(hm[2] == -5 && hsteps[3] == 42 && hsteps[0] == 5);
@@ -458,23 +420,23 @@ static void check_exchange(void) {
   float enter_m[2] = {100, 101}, enter_v[2] = {200, 201}, leave_m[2], leave_v[2];
   int32_t enter_steps[1] = {50}, leave_steps[1] = {-1};
   int64_t enter_count = 1, leave_count = 1, wrong_count = 2;
-  zf_tensor old_sel_t = t1(old_sel, ZF_DTYPE_I32, 2), new_sel_t = t1(new_sel, ZF_DTYPE_I32, 2);
+  zf_tensor old_sel_t = tensor_1d(old_sel, ZF_DTYPE_I32, 2), new_sel_t = tensor_1d(new_sel, ZF_DTYPE_I32, 2);
   zf_column_state old_state, new_state, entering, leaving;
   int round;
 
   old_state.master = new_state.master = entering.master = leaving.master = empty_f32();
   old_state.exp_avg = t2(old_m, ZF_DTYPE_F32, 2, 2);
   old_state.exp_avg_sq = t2(old_v, ZF_DTYPE_F32, 2, 2);
-  old_state.steps = t1(old_steps, ZF_DTYPE_I32, 2);
+  old_state.steps = tensor_1d(old_steps, ZF_DTYPE_I32, 2);
   new_state.exp_avg = t2(new_m, ZF_DTYPE_F32, 2, 2);
   new_state.exp_avg_sq = t2(new_v, ZF_DTYPE_F32, 2, 2);
-  new_state.steps = t1(new_steps, ZF_DTYPE_I32, 2);
+  new_state.steps = tensor_1d(new_steps, ZF_DTYPE_I32, 2);
   entering.exp_avg = t2(enter_m, ZF_DTYPE_F32, 1, 2);
   entering.exp_avg_sq = t2(enter_v, ZF_DTYPE_F32, 1, 2);
-  entering.steps = t1(enter_steps, ZF_DTYPE_I32, 1);
+  entering.steps = tensor_1d(enter_steps, ZF_DTYPE_I32, 1);
   leaving.exp_avg = t2(leave_m, ZF_DTYPE_F32, 1, 2);
   leaving.exp_avg_sq = t2(leave_v, ZF_DTYPE_F32, 1, 2);
-  leaving.steps = t1(leave_steps, ZF_DTYPE_I32, 1);
+  leaving.steps = tensor_1d(leave_steps, ZF_DTYPE_I32, 1);
 
   for (round = 0; round < 2; ++round) {
     const int packed = round == 1;
@@ -489,7 +451,7 @@ static void check_exchange(void) {
       EXPECT_ERROR(zf_exchange_selected_columns_packed(&old_sel_t, &new_sel_t, &old_state, &new_state, &wrong_count,
                                                        &entering, &leave_count, &leaving, 1, NULL, NULL, NULL),
                    ZF_ERROR_INVALID_VALUE, "entering");
-      bad_state.steps = t1(new_steps, ZF_DTYPE_F32, 2);
+      bad_state.steps = tensor_1d(new_steps, ZF_DTYPE_F32, 2);
       EXPECT_ERROR(zf_exchange_selected_columns_packed(&old_sel_t, &new_sel_t, &old_state, &bad_state, &enter_count,
                                                        &entering, &leave_count, &leaving, 1, NULL, NULL, NULL),
                    ZF_ERROR_INVALID_TYPE, "new_state[0]");
@@ -539,9 +501,9 @@ static void fixture_init(engine_fixture* f) {
     f->bias_grad[i] = -1.0f;
   }
   f->params[0] = t2(f->weight, ZF_DTYPE_F32, W_ROWS, W_COLS);
-  f->params[1] = t1(f->bias, ZF_DTYPE_F32, W_COLS);
+  f->params[1] = tensor_1d(f->bias, ZF_DTYPE_F32, W_COLS);
   f->grads[0] = t2(f->weight_grad, ZF_DTYPE_F32, W_ROWS, W_COLS);
-  f->grads[1] = t1(f->bias_grad, ZF_DTYPE_F32, W_COLS);
+  f->grads[1] = tensor_1d(f->bias_grad, ZF_DTYPE_F32, W_COLS);
   f->param_groups[0] = f->param_groups[1] = 0;
   f->group.lr = 0.01;
   f->group.weight_decay = 0.0;
@@ -832,8 +794,8 @@ static void* fail_repeatedly(void* arg) {
   int64_t grad[2] = {0};
   float col_sq[2], total;
   int32_t flag;
-  zf_tensor g = t2(grad, ZF_DTYPE_I64, 1, 2), out = t1(col_sq, ZF_DTYPE_F32, 2);
-  zf_tensor total_t = t1(&total, ZF_DTYPE_F32, 1), flag_t = t1(&flag, ZF_DTYPE_I32, 1);
+  zf_tensor g = t2(grad, ZF_DTYPE_I64, 1, 2), out = tensor_1d(col_sq, ZF_DTYPE_F32, 2);
+  zf_tensor total_t = tensor_1d(&total, ZF_DTYPE_F32, 1), flag_t = tensor_1d(&flag, ZF_DTYPE_I32, 1);
   int round;
   if (zf_last_error()[0] != '\0') ++result->mismatches; /* a new thread starts with no error */
   pthread_barrier_wait(&barrier);

@@ -4,28 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_test_util.h"
 #include "zenflow/zenflow.h"
-
-static int failures = 0;
-#define EXPECT(cond)                                                     \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                        \
-    }                                                                    \
-  } while (0)
-
-static zf_tensor tensor_1d(void* data, zf_dtype dtype, int64_t n) {
-  zf_tensor t;
-  memset(&t, 0, sizeof(t));
-  t.data = data;
-  t.dtype = dtype;
-  t.device.type = ZF_DEVICE_CPU;
-  t.ndim = 1;
-  t.shape[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
 
 int main(void) {
   float grad[2 * 3] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}; /* [2, 3] row-major */
