@@ -343,6 +343,34 @@ static void check_optimizer_ops(void) {
                                 ZF_CPU_ADAMW_ZERO_GRAD));
     EXPECT(fabsf(p[0] - 0.9f) < 1e-6f && fabsf(p[1] - 1.1f) < 1e-6f && all_equal(pg, 3, 0.0f));
 
+    /* zf_cpu_adamw_step_flat: two tensors' state in one buffer per field (a gap between
+     * them is left alone); the same values as the per-tensor call above. */
+    {
+      float w0[3] = {1, 1, 1}, w1[1] = {1}, m[5] = {0}, v[5] = {0}, g0[3] = {2, -2, 2}, g1[1] = {-2};
+      int64_t offsets[2] = {0, 4}, sizes[2] = {3, 1}, steps2[2] = {1, 1};
+      double lrs[2] = {lr, lr}, wds[2] = {weight_decay, weight_decay};
+      zf_tensor w_t[2], g_t[2];
+      zf_tensor m_flat = tensor_1d(m, ZF_DTYPE_F32, 5), v_flat = tensor_1d(v, ZF_DTYPE_F32, 5);
+      m[3] = 7.0f; /* the gap */
+      w_t[0] = tensor_1d(w0, ZF_DTYPE_F32, 3);
+      w_t[1] = tensor_1d(w1, ZF_DTYPE_F32, 1);
+      g_t[0] = tensor_1d(g0, ZF_DTYPE_F32, 3);
+      g_t[1] = tensor_1d(g1, ZF_DTYPE_F32, 1);
+      EXPECT_ERROR(zf_cpu_adamw_step_flat(w_t, NULL, &m_flat, &v_flat, offsets, sizes, g_t, NULL, 2, NULL, lrs, wds,
+                                          &hparams, 1.0f, 0),
+                   ZF_ERROR_INVALID_VALUE, "steps");
+      offsets[1] = 2; /* overlaps tensor 0's run */
+      EXPECT_ERROR(zf_cpu_adamw_step_flat(w_t, NULL, &m_flat, &v_flat, offsets, sizes, g_t, NULL, 2, steps2, lrs, wds,
+                                          &hparams, 1.0f, 0),
+                   ZF_ERROR_INVALID_VALUE, "offsets[1]");
+      EXPECT(all_equal(w0, 3, 1.0f) && w1[0] == 1.0f);
+      offsets[1] = 4;
+      EXPECT_OK(zf_cpu_adamw_step_flat(w_t, NULL, &m_flat, &v_flat, offsets, sizes, g_t, NULL, 2, steps2, lrs, wds,
+                                       &hparams, 1.0f, 0));
+      EXPECT(fabsf(w0[0] - 0.9f) < 1e-6f && fabsf(w0[1] - 1.1f) < 1e-6f && fabsf(w1[0] - 1.1f) < 1e-6f);
+      EXPECT(m[3] == 7.0f && v[3] == 0.0f);
+    }
+
     EXPECT_ERROR(zf_cpu_accumulate(NULL, NULL, 1, &pg_t, 1.0f), ZF_ERROR_INVALID_VALUE, "accumulators");
     bad = tensor_1d(pm, ZF_DTYPE_I32, 3);
     EXPECT_ERROR(zf_cpu_accumulate(&m_t, NULL, 1, &bad, 1.0f), ZF_ERROR_INVALID_TYPE, "packed");
