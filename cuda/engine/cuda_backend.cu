@@ -48,6 +48,21 @@ __global__ void __launch_bounds__(kScalarThreads)
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 
+// For destructors and frees, which must not throw (a failed device must not end the
+// process): makes `device` current if it can and restores the caller's device.
+struct ScopedDeviceNoThrow {
+  explicit ScopedDeviceNoThrow(int device) {
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) changed = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~ScopedDeviceNoThrow() {
+    if (changed) cudaSetDevice(previous);
+  }
+  ScopedDeviceNoThrow(const ScopedDeviceNoThrow&) = delete;
+  ScopedDeviceNoThrow& operator=(const ScopedDeviceNoThrow&) = delete;
+  int previous = 0;
+  bool changed = false;
+};
+
 class CudaEvent final : public BackendEvent {
  public:
   explicit CudaEvent(int device) : device_(device) {
@@ -60,17 +75,6 @@ class CudaEvent final : public BackendEvent {
   cudaEvent_t get() const { return event_; }
 
  private:
-  // Destructors must not throw: restore the device on a best-effort basis.
-  struct ScopedDeviceNoThrow {
-    explicit ScopedDeviceNoThrow(int device) {
-      if (cudaGetDevice(&previous) == cudaSuccess && previous != device) changed = cudaSetDevice(device) == cudaSuccess;
-    }
-    ~ScopedDeviceNoThrow() {
-      if (changed) cudaSetDevice(previous);
-    }
-    int previous = 0;
-    bool changed = false;
-  };
   int device_;
   cudaEvent_t event_ = nullptr;
 };
@@ -87,10 +91,12 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, int host_threads) : device_(device), pool_(host_threads) {
     const ScopedDevice guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(down)");
-    check_cuda(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(up)");
+    const cudaError_t status = cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking);
+    if (status != cudaSuccess) cudaStreamDestroy(down_);  // the destructor will not run
+    check_cuda(status, "cudaStreamCreateWithFlags(up)");
   }
   ~CudaBackend() override {
-    if (cudaSetDevice(device_) != cudaSuccess) return;
+    const ScopedDeviceNoThrow guard(device_);
     cudaStreamDestroy(down_);
     cudaStreamDestroy(up_);
   }
@@ -239,7 +245,7 @@ class CudaBackend final : public Backend {
   }
 
   void free_device(void* memory) override {
-    const ScopedDevice guard(device_);
+    const ScopedDeviceNoThrow guard(device_);  // called by the engine's destructor
     cudaFree(memory);
   }
 
