@@ -164,6 +164,27 @@ int32_t StepScalarTable::index_of(double lr, double weight_decay, int64_t step) 
   return last_index_;
 }
 
+namespace {
+
+// A piece's kernel arguments for the per-tensor steps (AdamwStepPlan, AdamwFlatStepPlan),
+// `offset` elements into tensor i: everything but the state pointers, where they differ.
+simd::AdamStepArgs tensor_piece_args(const zf_tensor& grad, const zf_tensor* out, zf_dtype grad_dtype,
+                                     zf_dtype out_dtype, int64_t offset, bool zero_grad, bool stream_out,
+                                     float grad_scale, const AdamStepScalars& scalars) {
+  simd::AdamStepArgs args;
+  args.grad = element_pointer(grad.data, grad_dtype, offset);
+  args.grad_dtype = grad_dtype;
+  args.out = out != nullptr ? element_pointer(out->data, out_dtype, offset) : nullptr;
+  args.out_dtype = out_dtype;
+  args.zero_grad = zero_grad;
+  args.stream_out = stream_out;
+  args.grad_scale = grad_scale;
+  args.scalars = scalars;
+  return args;
+}
+
+}  // namespace
+
 // ---- AdamwStepPlan ----
 
 void AdamwStepPlan::build(const zf_tensor* params, const zf_tensor* exp_avgs, const zf_tensor* exp_avg_sqs,
@@ -208,18 +229,12 @@ void AdamwStepPlan::run(ThreadPool& pool, const AdamwStepPointers& pointers, con
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
-    simd::AdamStepArgs args;
+    simd::AdamStepArgs args =
+        tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr, tensor.grad_dtype,
+                          tensor.out_dtype, offset, zero_grad, stream_out, values.grad_scale, scalars_[piece.scalars]);
     args.param = static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = static_cast<float*>(pointers.exp_avgs[i].data) + offset;
     args.exp_avg_sq = static_cast<float*>(pointers.exp_avg_sqs[i].data) + offset;
-    args.grad = element_pointer(pointers.grads[i].data, tensor.grad_dtype, offset);
-    args.grad_dtype = tensor.grad_dtype;
-    args.out = has_out_params_ ? element_pointer(pointers.out_params[i].data, tensor.out_dtype, offset) : nullptr;
-    args.out_dtype = tensor.out_dtype;
-    args.zero_grad = zero_grad;
-    args.stream_out = stream_out;
-    args.grad_scale = values.grad_scale;
-    args.scalars = scalars_[piece.scalars];
     kernels.adam_step(args, length);
   });
 }
@@ -293,18 +308,12 @@ void AdamwFlatStepPlan::run(ThreadPool& pool, const AdamwFlatStepPointers& point
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
     const int64_t state = piece.state_offset + offset;
-    simd::AdamStepArgs args;
+    simd::AdamStepArgs args =
+        tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr, tensor.grad_dtype,
+                          tensor.out_dtype, offset, zero_grad, stream_out, values.grad_scale, scalars_[piece.scalars]);
     args.param = flat_master_ ? pointers.master + state : static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = pointers.exp_avg + state;
     args.exp_avg_sq = pointers.exp_avg_sq + state;
-    args.grad = element_pointer(pointers.grads[i].data, tensor.grad_dtype, offset);
-    args.grad_dtype = tensor.grad_dtype;
-    args.out = has_out_params_ ? element_pointer(pointers.out_params[i].data, tensor.out_dtype, offset) : nullptr;
-    args.out_dtype = tensor.out_dtype;
-    args.zero_grad = zero_grad;
-    args.stream_out = stream_out;
-    args.grad_scale = values.grad_scale;
-    args.scalars = scalars_[piece.scalars];
     kernels.adam_step(args, length);
   });
 }
