@@ -284,17 +284,15 @@ void Engine::setup_buckets_and_memory() {
   selected_bytes_ = selected_ints * 4;
   selected_offset_ = take(selected_bytes_);
   for (Matrix& m : matrices_) m.dev_selected += selected_offset_;
-  col_sq_floats_ = 0;
-  std::vector<size_t> col_offsets(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    col_offsets[i] = col_sq_floats_;
-    col_sq_floats_ += static_cast<size_t>(params_[i].cols);
-    if (params_[i].matrix) matrices_[params_[i].index].col_offset = col_offsets[i];
+  col_sq_floats_ = 0;  // every parameter's column sums, in parameter order (on_device_memory)
+  for (const Param& p : params_) {
+    if (p.matrix) matrices_[p.index].col_offset = col_sq_floats_;
+    col_sq_floats_ += static_cast<size_t>(p.cols);
   }
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
   scalar_ring_offset_ = take(kScalarRecords * sizeof(StepScalars));
-  flags_offset_ = take(std::max<size_t>(1, params_.size()) * 4);  // one per statistics pass, at its first parameter
+  flags_offset_ = take(flag_count() * 4);  // one per statistics pass, at its first parameter
   total_sink_offset_ = take(4);
   chunk_sums_offset_ =
       take(static_cast<size_t>(std::max<int64_t>(1, column_chunks(static_cast<int64_t>(col_sq_floats_)))) * 8);
@@ -315,18 +313,6 @@ void Engine::setup_buckets_and_memory() {
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
   slot_jobs_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
   slot_copied_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
-  // col_sq descriptors get their data pointers once the device memory exists
-  col_sq_tensors_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    zf_tensor t{};
-    t.dtype = ZF_DTYPE_F32;
-    t.device = params_[i].tensor.device;
-    t.ndim = 1;
-    t.shape[0] = params_[i].cols;
-    t.strides[0] = 1;
-    t.data = reinterpret_cast<void*>(col_offsets[i] * 4);  // an offset until then
-    col_sq_tensors_.push_back(t);
-  }
 }
 
 void Engine::attach_device_memory(void* memory, size_t bytes) {
@@ -343,7 +329,13 @@ void Engine::attach_device_memory(void* memory, size_t bytes) {
 void Engine::on_device_memory() {
   backend_->fill_device_zero(device_, device_bytes_);
   backend_->synchronize();  // once: whatever stream the first step runs on sees zeroed memory
-  for (zf_tensor& t : col_sq_tensors_) t.data = device_ + col_sq_offset_ + reinterpret_cast<uintptr_t>(t.data);
+  // Each parameter's column sums, in parameter order in the col_sq region.
+  col_sq_tensors_.clear();
+  float* col_sq = device_float(col_sq_offset_);
+  for (const Param& p : params_) {
+    col_sq_tensors_.push_back(contiguous_descriptor(col_sq, ZF_DTYPE_F32, p.tensor.device, {p.cols}));
+    col_sq += p.cols;
+  }
 }
 
 void Engine::ensure_device_memory() {

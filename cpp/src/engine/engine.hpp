@@ -14,6 +14,7 @@
 // exchange), checkpoint.cpp, stats.cpp, engine_api.cpp (the C ABI).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -168,6 +169,8 @@ class Engine {
   void flush_internal();
   void window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted);
   void fail_sticky(zf_status status, const std::string& message);
+  // Non-finite flags: one slot per parameter (a statistics pass writes the slot of its first).
+  size_t flag_count() const { return std::max<size_t>(1, params_.size()); }
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);

@@ -43,7 +43,7 @@ void Engine::begin_step(const double* lrs, size_t lr_count) {
   Schedule peek = schedule_;
   early_ = !peek.begin_step().select;
   if (early_) {
-    backend_->fill_device_zero(device_ + flags_offset_, std::max<size_t>(1, params_.size()) * 4);
+    backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
     bucket_pending_.assign(buckets_.size(), 0);
     for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
     bucket_early_.assign(buckets_.size(), 0);
@@ -294,14 +294,13 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
   // squares and a non-finite flag per pass; then the total, the gradient scale and the skip
   // flag, on the device.
   StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
-  const size_t flag_count = std::max<size_t>(1, params_.size());
   if (!stats_done) {
-    backend_->fill_device_zero(device_ + flags_offset_, flag_count * 4);
+    backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
     backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
                            device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
   }
   backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
-                         device_int(flags_offset_), static_cast<int64_t>(flag_count),
+                         device_int(flags_offset_), static_cast<int64_t>(flag_count()),
                          reinterpret_cast<double*>(device_ + chunk_sums_offset_), loss_scale_, config_.max_grad_norm);
   // 2. what the host needs of them
   if (read_scalars_now()) {
