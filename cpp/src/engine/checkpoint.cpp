@@ -92,7 +92,10 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
   auto state_int = [state](size_t offset) { return reinterpret_cast<const int32_t*>(state + offset); };
   size_t e = 0;
   for (const Param& p : params_) {
-    const std::vector<uint8_t> weights_copy = download_param(static_cast<size_t>(&p - params_.data()));
+    // The weights are read only where they are the master (no fp32 master on the device).
+    const bool master_on_device = p.matrix ? matrices_[p.index].has_master : dense_[p.index].has_master;
+    const std::vector<uint8_t> weights_copy =
+        master_on_device ? std::vector<uint8_t>{} : download_param(static_cast<size_t>(&p - params_.data()));
     const void* weights = weights_copy.empty() ? p.tensor.data : weights_copy.data();
     float* master = static_cast<float*>(buffers[e].data);
     float* exp_avg = static_cast<float*>(buffers[e + 1].data);
