@@ -160,6 +160,62 @@ ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory,
 ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream);
 
 /*
+ * Data parallel (docs/design.md section 10). With collectives set, the engine is one of
+ * world_size ranks that train one model on different data; every rank calls the same
+ * functions in the same order, and the engine calls the collectives below (each rank the same
+ * ones, in the same order, with the same sizes).
+ *
+ *  - Gradients: the engine reduces them itself, in place in the caller's gradient tensors
+ *    (as DDP does): the selected columns and the dense parameters are all-reduced, the
+ *    deferred columns reduce-scattered, so that each rank holds the reduced columns it owns.
+ *    Do not reduce them before (no DDP gradient hooks). A selection step all-reduces the
+ *    whole gradient (which columns are deferred is what that step decides). The step then
+ *    follows the sum of the ranks' gradients divided by world_size: give each rank the
+ *    gradient of its share of the global batch, as for DDP.
+ *  - Ownership: rank r owns the contiguous columns [r*n/N, (r+1)*n/N) of each matrix
+ *    (integer division). It keeps the host state (fp32 master, moments, accumulators) of those
+ *    columns only, copies only its deferred ones down and updates them on its host, and the
+ *    updated columns are all-gathered at upload. Host memory, bytes down and up, and host
+ *    update time per rank are about 1/N of one engine's. The selected columns and the dense
+ *    parameters' state are replicated on every rank's device.
+ *  - Selection: each rank sums the squares of the reduced gradient's columns it owns; the
+ *    column sums are all-reduced (one float per column), so every rank runs the same top-k,
+ *    the same global norm and the same window schedule. Nothing else is exchanged.
+ *  - Failures: at the start of every step, flush and save the ranks all-reduce one flag
+ *    each; a rank whose host lane failed, or whose call was refused (a bad gradient, say),
+ *    raises its own error and every other rank raises ZF_ERROR_INVALID_VALUE naming it. A
+ *    failed collective is a sticky error. A rank that stops calling leaves the others in a
+ *    collective until the communicator's own timeout.
+ *  - Split steps: a data-parallel step starts its work at end_step (submit validates and
+ *    records only).
+ *
+ * Every buffer the engine passes lies in its device memory (as attached); on the CUDA
+ * backend the collective runs on `stream` (the compute stream), ordered after the work
+ * enqueued there before the call and before the work enqueued after it; on the host backend
+ * it completes before it returns. Sums must give every rank the same bits (ring and tree
+ * all-reduces do). Each function returns ZF_SUCCESS, or an error status (last_error, if not
+ * NULL, may then describe it).
+ */
+typedef struct zf_engine_collectives {
+  void* user; /* passed back to every function */
+  int32_t rank, world_size;
+  /* data[0, count) <- its sum over the ranks. */
+  zf_status (*all_reduce_sum)(void* user, void* data, size_t count, zf_dtype dtype, zf_stream stream);
+  /* out[0, count) <- the sum over the ranks of in[rank * count, (rank + 1) * count). */
+  zf_status (*reduce_scatter_sum)(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
+                                  zf_stream stream);
+  /* out[q * count, (q + 1) * count) <- rank q's in[0, count), for every rank q. */
+  zf_status (*all_gather)(void* user, const void* in, void* out, size_t count, zf_dtype dtype, zf_stream stream);
+  const char* (*last_error)(void* user); /* may be NULL */
+} zf_engine_collectives;
+
+/* Makes the engine rank `rank` of `world_size` (NULL, or world_size 1: a single engine).
+ * Before the device memory is queried or attached and before the first step or load: it
+ * changes the memory the engine needs. The functions must stay callable until
+ * zf_engine_destroy. */
+ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_collectives* collectives);
+
+/*
  * One optimizer step. grads: param_count tensors (grads[i] of params[i]'s shape and dtype,
  * contiguous, on its device), read during the call only. lrs: NULL (each group's lr), or
  * lr_count == group_count learning rates for this step. Gradients are "raw": multiplied by
@@ -214,6 +270,10 @@ typedef struct zf_engine_stats {
                                          update_interval "auto", selection_score "window") */
   int64_t device_bytes;               /* device memory the engine uses (zf_engine_device_memory_size) */
   int64_t pinned_host_bytes;          /* staging ring, upload copy U, scalar records (page-locked on CUDA) */
+  /* Data parallel: payload bytes this rank gave to collectives (count * element size). */
+  int64_t collective_bytes_statistics; /* column sums, non-finite flags, failure flags */
+  int64_t collective_bytes_gradients;  /* all-reduced and reduce-scattered gradients */
+  int64_t collective_bytes_upload;     /* all-gathered updated columns, selection exchanges */
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);
@@ -277,12 +337,17 @@ enum {
  * *count must hold at least that many and entries receives them. */
 ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state_entry* entries, size_t* count);
 /* Flushes, then writes the state into `count` caller buffers (CPU tensors matching the
- * layout entry by entry), the counters and the loss scale. */
+ * layout entry by entry), the counters and the loss scale. Data parallel: each rank writes
+ * what it owns (its columns of every matrix; rank 0 also the dense parameters, the
+ * selections and the window entries) and zeros elsewhere, so the element-wise sum of the
+ * ranks' buffers is the whole state (what one engine would save). The counters and the loss
+ * scale are the same on every rank. */
 ZF_API zf_status zf_engine_save_state(zf_engine* engine, const zf_tensor* buffers, size_t count, int64_t* counters,
                                       double* loss_scale);
 /* Validates everything first (a state of another model fails with INVALID_VALUE naming the
  * entry and changes nothing), then waits for the host lane, replaces the whole state and
- * clears a sticky error. */
+ * clears a sticky error. Data parallel: every rank loads the whole state (of any world size)
+ * and keeps what it owns; no collective runs. */
 ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffers, size_t count,
                                       const int64_t* counters, double loss_scale);
 
