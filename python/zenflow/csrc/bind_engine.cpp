@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,114 @@ zf_engine_config parse_config(const py::dict& config) {
   return c;
 }
 
+// Data parallel: the Python callables behind the engine's collectives (engine.h:
+// zf_engine_collectives). The engine calls them from inside calls that released the GIL, on
+// the calling thread; each trampoline takes the GIL back, passes plain integers and a dtype
+// name, and turns any Python exception into an error status whose text last_error returns
+// (the engine's error message then carries it).
+class PyCollectives {
+ public:
+  PyCollectives(py::object all_reduce_sum, py::object reduce_scatter_sum, py::object all_gather)
+      : all_reduce_sum_(std::move(all_reduce_sum)),
+        reduce_scatter_sum_(std::move(reduce_scatter_sum)),
+        all_gather_(std::move(all_gather)) {}
+
+  zf_engine_collectives table(int32_t rank, int32_t world_size) {
+    zf_engine_collectives c{};
+    c.user = this;
+    c.rank = rank;
+    c.world_size = world_size;
+    c.all_reduce_sum = &PyCollectives::all_reduce_trampoline;
+    c.reduce_scatter_sum = &PyCollectives::reduce_scatter_trampoline;
+    c.all_gather = &PyCollectives::all_gather_trampoline;
+    c.last_error = &PyCollectives::last_error_trampoline;
+    return c;
+  }
+
+ private:
+  static const char* dtype_name(zf_dtype dtype) {
+    switch (dtype) {
+      case ZF_DTYPE_F32:
+        return "float32";
+      case ZF_DTYPE_F16:
+        return "float16";
+      case ZF_DTYPE_BF16:
+        return "bfloat16";
+      case ZF_DTYPE_I32:
+        return "int32";
+      case ZF_DTYPE_I64:
+        return "int64";
+    }
+    return "unknown";
+  }
+
+  static bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+  }
+
+  static uintptr_t address(const void* data) { return reinterpret_cast<uintptr_t>(data); }
+  static uintptr_t stream_handle(zf_stream stream) { return reinterpret_cast<uintptr_t>(stream); }
+
+  // Runs `fn` (which calls one Python callable) with the GIL held; never lets an exception out.
+  template <typename Fn>
+  zf_status invoke(const char* which, Fn&& fn) noexcept {
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
+      error_ = std::string(which) + ": the Python interpreter is shutting down";
+      return ZF_ERROR_INTERNAL;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      fn();
+      return ZF_SUCCESS;
+    } catch (py::error_already_set& e) {
+      std::string type = "Exception";
+      try {
+        type = py::str(e.type().attr("__name__"));
+        error_ = std::string(which) + " raised " + type + ": " + std::string(py::str(e.value()));
+      } catch (...) {
+        error_ = std::string(which) + " raised " + type;
+      }
+    } catch (const std::exception& e) {
+      error_ = std::string(which) + " raised " + e.what();
+    } catch (...) {
+      error_ = std::string(which) + " raised an unknown C++ exception";
+    }
+    return ZF_ERROR_INTERNAL;
+  }
+
+  static zf_status all_reduce_trampoline(void* user, void* data, size_t count, zf_dtype dtype, zf_stream stream) {
+    auto* self = static_cast<PyCollectives*>(user);
+    return self->invoke("all_reduce_sum", [&] {
+      self->all_reduce_sum_(address(data), count, dtype_name(dtype), stream_handle(stream));
+    });
+  }
+
+  static zf_status reduce_scatter_trampoline(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
+                                             zf_stream stream) {
+    auto* self = static_cast<PyCollectives*>(user);
+    return self->invoke("reduce_scatter_sum", [&] {
+      self->reduce_scatter_sum_(address(in), address(out), count, dtype_name(dtype), stream_handle(stream));
+    });
+  }
+
+  static zf_status all_gather_trampoline(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
+                                         zf_stream stream) {
+    auto* self = static_cast<PyCollectives*>(user);
+    return self->invoke("all_gather", [&] {
+      self->all_gather_(address(in), address(out), count, dtype_name(dtype), stream_handle(stream));
+    });
+  }
+
+  static const char* last_error_trampoline(void* user) { return static_cast<PyCollectives*>(user)->error_.c_str(); }
+
+  py::object all_reduce_sum_, reduce_scatter_sum_, all_gather_;
+  std::string error_;
+};
+
 // The schedule counters by name, in the order of engine.h's ZF_COUNTER_* positions.
 constexpr const char* kScheduleKeys[] = {
     "step", "window", "window_steps", "since_selection", "selections", "has_previous_window"};
@@ -226,8 +335,10 @@ class PyEngine {
       py::gil_scoped_release release;
       zf_engine_destroy(engine);
     }
-    // Only now: the engine no longer uses the attached memory (destroy waits for its lanes).
+    // Only now: the engine no longer uses the attached memory (destroy waits for its lanes)
+    // nor calls the collectives.
     memory_ = py::none();
+    collectives_.reset();
   }
 
   // The compute stream of every later call (engine.h: zf_engine_set_stream): a cudaStream_t
@@ -239,6 +350,42 @@ class PyEngine {
     if (value < 0)
       throw py::value_error("stream: expected a cudaStream_t handle (an integer >= 0), got " + std::to_string(value));
     check(zf_engine_set_stream(engine, reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+  }
+
+  // Data parallel (engine.h: zf_engine_set_collectives): this engine is rank `rank` of
+  // `world_size`. The callables run the collectives on the engine's buffers:
+  //   all_reduce_sum(address, count, dtype, stream)          in place, summed over the ranks
+  //   reduce_scatter_sum(in_address, out_address, count, dtype, stream)
+  //   all_gather(in_address, out_address, count, dtype, stream)
+  // addresses are integers inside the attached device memory, count is in elements, dtype a
+  // name ("float32", "bfloat16", "float16", "int32", "int64"), stream the cudaStream_t (0 on
+  // the host backend). An exception fails the engine's call with its text. Before the device
+  // memory is queried or attached; the engine keeps the callables until it is closed.
+  void set_collectives(const py::object& rank, const py::object& world_size, const py::object& all_reduce_sum,
+                       const py::object& reduce_scatter_sum, const py::object& all_gather) {
+    zf_engine* engine = live();
+    const int64_t rank_value = integer(rank, "rank");
+    const int64_t size_value = integer(world_size, "world_size");
+    if (size_value < 1 || size_value > INT32_MAX)
+      throw py::value_error("world_size: must be >= 1, got " + std::to_string(size_value));
+    if (rank_value < 0 || rank_value >= size_value) {
+      throw py::value_error("rank: must be in [0, world_size) = [0, " + std::to_string(size_value) + "), got " +
+                            std::to_string(rank_value));
+    }
+    const std::pair<const char*, const py::object*> functions[] = {
+        {"all_reduce_sum", &all_reduce_sum}, {"reduce_scatter_sum", &reduce_scatter_sum}, {"all_gather", &all_gather}};
+    for (const auto& function : functions) {
+      if (!PyCallable_Check(function.second->ptr())) {
+        throw py::type_error(std::string(function.first) + ": expected a callable, got " +
+                             std::string(py::str(py::type::of(*function.second).attr("__name__"))));
+      }
+    }
+    auto collectives = std::make_unique<PyCollectives>(all_reduce_sum, reduce_scatter_sum, all_gather);
+    const zf_engine_collectives table =
+        collectives->table(static_cast<int32_t>(rank_value), static_cast<int32_t>(size_value));
+    check(zf_engine_set_collectives(engine, &table));
+    // The previous table (if any) is no longer referenced by the engine.
+    collectives_ = std::move(collectives);
   }
 
   // The engine's device memory from the caller (engine.h: query with device_memory_size,
@@ -350,6 +497,9 @@ class PyEngine {
     out["stall_seconds_readback"] = s.stall_seconds_readback;
     out["device_bytes"] = s.device_bytes;
     out["pinned_host_bytes"] = s.pinned_host_bytes;
+    out["collective_bytes_statistics"] = s.collective_bytes_statistics;
+    out["collective_bytes_gradients"] = s.collective_bytes_gradients;
+    out["collective_bytes_upload"] = s.collective_bytes_upload;
     return out;
   }
 
@@ -510,6 +660,7 @@ class PyEngine {
   zf_engine* engine_ = nullptr;
   py::list params_;                     // keeps the parameters alive at the addresses the engine holds
   py::object memory_ = py::none();      // the attached device memory, released after destroy
+  std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
   zf_device device_{ZF_DEVICE_CPU, 0};  // the parameters' device
   py::list submitted_;
   size_t group_count_ = 0;
@@ -555,6 +706,14 @@ CPU tensors for both backends, so a checkpoint loads across them.
       .def("attach_device_memory", &PyEngine::attach_device_memory, py::arg("memory"),
            "Gives the engine its device memory before the first step or load: a contiguous torch.uint8 "
            "tensor of at least device_memory_size() elements on the parameters' device; the engine keeps it.")
+      .def("set_collectives", &PyEngine::set_collectives, py::arg("rank"), py::arg("world_size"),
+           py::arg("all_reduce_sum"), py::arg("reduce_scatter_sum"), py::arg("all_gather"),
+           "Data parallel: this engine is rank `rank` of `world_size`. all_reduce_sum(address, count, dtype, "
+           "stream) sums in place over the ranks; reduce_scatter_sum(in_address, out_address, count, dtype, "
+           "stream) and all_gather(in_address, out_address, count, dtype, stream) as engine.h describes. "
+           "Addresses (integers) lie in the attached device memory, count is in elements, dtype a name "
+           "('float32', 'bfloat16', 'float16', 'int32', 'int64'), stream the cudaStream_t (0 on the host). An "
+           "exception fails the engine call with its text. Before device_memory_size / attach_device_memory.")
       .def("set_stream", &PyEngine::set_stream, py::arg("stream"),
            "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call; "
            "the host backend takes only 0.")
