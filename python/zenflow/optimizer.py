@@ -23,6 +23,7 @@ from .config import (
     settings_from_deepspeed,
 )
 from .cpu_adamw import default_num_threads
+from .distributed import DataParallel, column_range, consolidate_shards, resolve_group
 
 __all__ = ["ZenFlowAdamW", "format_stats", "stall_seconds"]
 
@@ -231,6 +232,27 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     into an optimizer of the same model with another topk_ratio, thread count or backend; a
     torch.optim.AdamW state dict loads too. Loading continues the exact trajectory.
 
+    Data parallel. When torch.distributed is initialised (or `process_group` is given), the
+    optimizer is one rank of a data-parallel run over `process_group` (None: the default
+    group; a group of one rank: a plain optimizer). Use it on a plain module, not one wrapped
+    in DistributedDataParallel: zenflow reduces the gradients itself, in place in `.grad`
+    (with DDP they would be reduced twice), or run DDP's backward only under its
+    ``no_sync()``. Give each rank the mean loss over its share of the global batch, as with
+    DDP: the step follows the sum of the ranks' gradients divided by the world size. All
+    ranks select the same columns (the column statistics are all-reduced, one float per
+    column); each rank keeps, moves and updates on its host only its 1/N of every matrix's
+    deferred columns, and the updated columns are all-gathered at upload, so host memory,
+    PCIe bytes and host update time per rank drop by N. Construction broadcasts the
+    parameters from the group's first rank (as DDP does). gloo groups take CPU parameters,
+    NCCL groups CUDA parameters. Every rank calls the same methods in the same order (step,
+    flush, state_dict, ...: they run collectives); a step where a rank has no gradient at all
+    still steps there (with zeros), so that the ranks stay in step. `overlap_backward` works
+    (a data-parallel step starts its work at `step()`). When one rank fails (a bad gradient,
+    a host error), every rank raises. `state_dict()` returns the whole state on every rank;
+    `sharded_state_dict()` only this rank's part (its columns of every matrix), and
+    `load_sharded_state_dict(shards)` loads the list of every rank's shards; both load into
+    any world size, or a single process.
+
     Threads. `num_threads` host threads run the CPU AdamW and the accumulates (None: the
     cores `pt_reserved_cores_perc` leaves over, at least one). The rest of the cores are
     torch's: with `limit_torch_threads` (the default), construction lowers torch's intra-op
@@ -272,9 +294,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         growth_interval: int = ENGINE_DEFAULTS["growth_interval"],
         bucket_bytes: int = ENGINE_DEFAULTS["bucket_bytes"],
         limit_torch_threads: bool = True,
+        process_group: Any = None,
     ):
         check_hyperparameters(lr, betas, eps, weight_decay)
         given = dict(locals())
+        group = resolve_group(process_group)
         self._settings = check_settings({key: given[key] for key in ENGINE_DEFAULTS})
         self._engine = None
         self._layout: _Layout | None = None
@@ -295,7 +319,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "zenflow": True,
         }
+        self._parallel: DataParallel | None = None
         super().__init__(params, defaults)
+        if group is not None:
+            self._parallel = DataParallel(group, _Layout(self.param_groups).device)
+            self._parallel.broadcast([p for g in self.param_groups for p in g["params"]])
         self._rebuild_engine()
         if limit_torch_threads:
             self._limit_torch_threads()
@@ -323,7 +351,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         `overrides` win over the file (for example num_threads or steps_per_epoch)."""
         hyper, settings = settings_from_deepspeed(config)
         for key in overrides:
-            if key not in ENGINE_DEFAULTS and key not in ("lr", "betas", "eps", "weight_decay"):
+            if key not in ENGINE_DEFAULTS and key not in (
+                "lr",
+                "betas",
+                "eps",
+                "weight_decay",
+                "limit_torch_threads",
+                "process_group",
+            ):
                 raise ValueError(f"{key}: unknown ZenFlowAdamW keyword")
         return cls(params, **{**hyper, **settings, **overrides})
 
@@ -367,9 +402,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     )
                 if p.layout != torch.strided or not p.is_contiguous():
                     raise ValueError(f"{name}: must be a dense contiguous tensor")
+            parallel = getattr(self, "_parallel", None)
+            if (
+                parallel is not None
+                and group["params"]
+                and group["params"][0].device != parallel.device
+            ):
+                raise ValueError(
+                    f"param_groups[{index}]: on {group['params'][0].device}, the data-parallel "
+                    f"group runs on {parallel.device}"
+                )
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
+        if getattr(self, "_parallel", None) is not None:
+            self._parallel.broadcast(group["params"])  # joins in the same state on every rank
 
     def _first_placed_param(self, groups: int) -> tuple[str, torch.device] | None:
         """(name, device) of the first parameter of param_groups[:groups], None if none."""
@@ -413,7 +460,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             state = self._carry_over(layout)
         engine, mode = self._new_engine(layout)
         try:
-            if layout.device.type == "cuda":
+            if self._parallel is not None:
+                self._parallel.attach(engine)
+            elif layout.device.type == "cuda":
                 # From torch's caching allocator, on the current stream of the device; the
                 # engine keeps the tensor until it is closed.
                 memory = torch.empty(
@@ -438,7 +487,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _carry_over(self, layout: _Layout) -> dict:
         old_layout = self._layout
-        old = self._engine_on_stream().state_dict()  # flushes
+        old = self._engine_state()  # flushes
         entries = []
         for i, p in enumerate(layout.params):
             j = old_layout.index_of.get(id(p))
@@ -453,6 +502,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 )
             entries.append(old["params"][j])
         return {"params": entries, "schedule": old["schedule"], "loss_scaler": old["loss_scaler"]}
+
+    def _engine_state(self) -> dict:
+        """The engine's whole state (flushed): in data parallel, the ranks' partial saves
+        summed over the group."""
+        saved = self._engine_on_stream().state_dict()
+        if self._parallel is not None:
+            self._parallel.sum_state(saved)
+        return saved
 
     def _engine_is_stale(self, layout: _Layout) -> bool:
         if _snapshot(self.param_groups) != self._snapshot:
@@ -519,6 +576,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     "torch.amp.GradScaler with overlap_backward: the gradients were handed to the engine "
                     "before GradScaler could unscale them; use loss_scaling='dynamic' and opt.scale_loss(loss)"
                 )
+            if self._parallel is not None:
+                found_inf = self._parallel.any_rank(found_inf)  # every rank skips, or none
             if found_inf.item() != 0:
                 return  # GradScaler's overflow: skip the step, as torch's optimizers do
         elif self._loss_scaling == "dynamic" and not self._loss_scaled:
@@ -545,8 +604,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 g = self._gradient(p)
                 missing += 1
             grads.append(g)
-        if grads and missing == len(grads):
-            return  # no gradient at all: nothing to do, as torch's optimizers
+        if grads and missing == len(grads) and self._parallel is None:
+            # No gradient at all: nothing to do, as torch's optimizers. In data parallel the
+            # other ranks may have some: step with zeros, as they do.
+            return
         if grad_scale is not None:
             inverse = grad_scale.double().reciprocal().float()
             torch._foreach_mul_([p.grad for p in layout.params if p.grad is not None], inverse)
@@ -702,6 +763,42 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 out.setdefault(id(p), len(out))
         return out
 
+    def _torch_groups(self, numbering: dict[int, int]) -> list[dict]:
+        groups = []
+        for group in self.param_groups:
+            packed = {key: value for key, value in group.items() if key != "params"}
+            packed["params"] = [numbering[id(p)] for p in group["params"]]
+            groups.append(packed)
+        return groups
+
+    @staticmethod
+    def _torch_entry_of(entry: dict, p: torch.Tensor) -> dict:
+        """One parameter's engine state in torch's layout (a mask for the selection, torch's
+        scalar "step")."""
+        entry = dict(entry)
+        if "selected" in entry:  # indices -> a column mask: one shape whatever k and the selection
+            mask = torch.zeros(_columns(p), dtype=torch.bool)
+            mask[entry["selected"].long()] = True
+            entry["selected"] = mask
+        entry["step"] = torch.tensor(float(entry["steps"].max()) if entry["steps"].numel() else 0.0)
+        return entry
+
+    def _torch_state(self, saved: dict) -> dict[str, Any]:
+        numbering = self._torch_indices()
+        state = {
+            numbering[id(p)]: self._torch_entry_of(saved["params"][i], p)
+            for i, p in enumerate(self._layout.params)
+        }
+        return {
+            "state": state,
+            "param_groups": self._torch_groups(numbering),
+            "zenflow": {
+                "format": _STATE_FORMAT,
+                "schedule": dict(saved["schedule"]),
+                "loss_scaler": dict(saved["loss_scaler"]),
+            },
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Flushes, then returns the whole optimizer state in torch's layout: "state" maps a
         parameter's index to its float32 master, exp_avg, exp_avg_sq (the parameter's
@@ -713,40 +810,81 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         depend on which columns were selected or where the state lived."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
-        saved = self._engine_on_stream().state_dict()
-        numbering = self._torch_indices()
-        state: dict[int, dict] = {}
-        for i, p in enumerate(self._layout.params):
-            entry = dict(saved["params"][i])
-            if (
-                "selected" in entry
-            ):  # indices -> a column mask: one shape whatever k and the selection
-                mask = torch.zeros(_columns(p), dtype=torch.bool)
-                mask[entry["selected"].long()] = True
-                entry["selected"] = mask
-            entry["step"] = torch.tensor(
-                float(entry["steps"].max()) if entry["steps"].numel() else 0.0
-            )
-            state[numbering[id(p)]] = entry
-        groups = []
-        for group in self.param_groups:
-            packed = {key: value for key, value in group.items() if key != "params"}
-            packed["params"] = [numbering[id(p)] for p in group["params"]]
-            groups.append(packed)
-        out = {
-            "state": state,
-            "param_groups": groups,
-            "zenflow": {
-                "format": _STATE_FORMAT,
-                "schedule": dict(saved["schedule"]),
-                "loss_scaler": dict(saved["loss_scaler"]),
-            },
-        }
+        out = self._torch_state(self._engine_state())
         for hook in self._optimizer_state_dict_post_hooks.values():
             result = hook(self, out)
             if result is not None:
                 out = result
         return out
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """Flushes, then returns this rank's part of the state: state_dict()'s layout, where a
+        matrix's master, exp_avg and exp_avg_sq hold only the columns this rank owns
+        ([rows, columns it owns]; rank r of N owns columns [r*n/N, (r+1)*n/N) of a matrix of n
+        = shape[1:] columns) and its "steps" theirs; rank 0's shard also holds the
+        dense parameters, the selections and the auto-interval statistics.
+        ["zenflow"]["shard"] names the rank, the world size and each matrix's (shape,
+        columns), ["ranges"] the columns [first, stop) it holds. No collective moves state (every rank calls it: the flush is collective).
+        load_sharded_state_dict takes the list of every rank's shard; in a single process the
+        one shard holds everything."""
+        saved = self._engine_on_stream().state_dict()
+        parallel = self._parallel
+        rank, world_size = (parallel.rank, parallel.world_size) if parallel else (0, 1)
+        numbering = self._torch_indices()
+        state: dict[int, dict] = {}
+        matrices: dict[int, list] = {}  # index -> [shape, columns]
+        ranges: dict[int, list] = {}  # index -> [first, stop): the columns this shard holds
+        for i, p in enumerate(self._layout.params):
+            index = numbering[id(p)]
+            entry = saved["params"][i]
+            if not self._layout.matrix[i]:
+                if rank == 0:
+                    state[index] = self._torch_entry_of(entry, p)
+                continue
+            rows, columns = p.shape[0], _columns(p)
+            lo, hi = column_range(columns, rank, world_size)
+            part = {
+                key: entry[key].reshape(rows, columns)[:, lo:hi].clone()
+                for key in ("master", "exp_avg", "exp_avg_sq")
+            }
+            part["steps"] = entry["steps"][lo:hi].clone()
+            part["step"] = torch.tensor(float(part["steps"].max()) if hi > lo else 0.0)
+            if rank == 0:
+                extras = self._torch_entry_of(entry, p)
+                for key in ("selected", "window_score", "window_energy"):
+                    if key in extras:
+                        part[key] = extras[key]
+            state[index] = part
+            matrices[index] = [list(p.shape), columns]
+            ranges[index] = [lo, hi]
+        return {
+            "state": state,
+            "param_groups": self._torch_groups(numbering),
+            "zenflow": {
+                "format": _STATE_FORMAT,
+                "schedule": dict(saved["schedule"]),
+                "loss_scaler": dict(saved["loss_scaler"]),
+                "shard": {
+                    "rank": rank,
+                    "world_size": world_size,
+                    "matrices": matrices,
+                    "ranges": ranges,
+                },
+            },
+        }
+
+    @staticmethod
+    def consolidate_sharded_state_dict(shards: list[dict[str, Any]]) -> dict[str, Any]:
+        """The whole state (state_dict()'s) from every rank's sharded_state_dict(), in any
+        order; ValueError when a rank is missing or repeated or the shards are of another
+        run. Needs no process group."""
+        return consolidate_shards(shards)
+
+    def load_sharded_state_dict(self, shards: list[dict[str, Any]]) -> None:
+        """Loads the sharded_state_dict() of every rank of a run (of any world size, in any
+        order) as load_state_dict loads a whole state: into any world size or a single
+        process."""
+        self.load_state_dict(consolidate_shards(shards))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state_dict() of this class (any topk_ratio, thread count or backend) or of
@@ -947,6 +1085,16 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append(
             f"device memory {size(stats.get('device_bytes', 0))} "
             f"pinned {size(stats.get('pinned_host_bytes', 0))}"
+        )
+    collective = sum(
+        stats.get(f"collective_bytes_{kind}", 0) for kind in ("statistics", "gradients", "upload")
+    )
+    if collective:  # data parallel
+        parts.append(
+            f"collectives {size(collective)} (statistics "
+            f"{size(stats.get('collective_bytes_statistics', 0))}, gradients "
+            f"{size(stats.get('collective_bytes_gradients', 0))}, upload "
+            f"{size(stats.get('collective_bytes_upload', 0))})"
         )
     if "loss_scale" in stats:
         parts.append(f"loss scale {stats['loss_scale']:g}")

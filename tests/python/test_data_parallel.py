@@ -1,0 +1,301 @@
+"""Data-parallel ZenFlowAdamW on torch.distributed (gloo, CPU, spawned processes).
+
+Every data-parallel run is compared with a single-process run of the same global batch in
+this (the parent) process: rank r of N sees rows [r*B/N, (r+1)*B/N) of each batch and takes
+the mean loss over them, the single process sees the whole batch. They follow the same
+trajectory up to float32 reduction order. The children send their results back through
+files in tmp_path; a child that raises, or hangs past the join timeout, fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import zenflow
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is not available"
+)
+
+BATCH = 12  # divisible by 2 and 3: every rank's share has the same size
+IN, HIDDEN, OUT = 40, 64, 8
+JOIN_TIMEOUT_S = 150
+TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}
+
+# Settings of the runs: a re-selection every 4 steps (windows of 2), clipping that bites
+# (the gradient norm is well above 0.05), the overlapped host update.
+FIXED = dict(
+    lr=1e-2,
+    weight_decay=0.01,
+    topk_ratio=0.1,
+    update_interval=2,
+    select_strategy="step",
+    select_interval=4,
+    overlap_step=True,
+    max_grad_norm=0.05,
+    num_threads=1,
+)
+AUTO = dict(FIXED, update_interval="auto", max_update_interval=3)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)
+    )
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, IN, generator=generator)
+    y = torch.randn(BATCH, OUT, generator=generator)
+    return x, y
+
+
+def _train(model, opt, steps: range, rank: int = 0, world_size: int = 1, overlap: bool = False):
+    """Trains on `steps` (this rank's share of each global batch); returns the parameters
+    after every step."""
+    handle = opt.overlap_backward(model) if overlap else None
+    trajectory = []
+    share = BATCH // world_size
+    for step in steps:
+        x, y = _batch(step)
+        x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        trajectory.append([p.detach().clone() for p in model.parameters()])
+    if handle is not None:
+        handle.remove()
+    return trajectory
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank: int, world_size: int, port: int, body: str, out: str, args: tuple) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    try:
+        torch.distributed.init_process_group(
+            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+        )
+        result = globals()[body](rank, world_size, *args)
+        torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out, f"rank{rank}.error"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _spawn(body: str, world_size: int, tmp_path, *args) -> list:
+    """Runs globals()[body](rank, world_size, *args) in world_size processes; returns each
+    rank's result. A child's exception fails the test with its traceback."""
+    out = tmp_path / f"{body}-{world_size}"
+    out.mkdir()
+    context = mp.get_context("spawn")
+    port = _free_port()
+    processes = [
+        context.Process(target=_child, args=(r, world_size, port, body, str(out), args))
+        for r in range(world_size)
+    ]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(JOIN_TIMEOUT_S)
+    hung = [r for r, p in enumerate(processes) if p.is_alive()]
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    errors = [
+        f"rank {r}:\n{(out / f'rank{r}.error').read_text()}"
+        for r in range(world_size)
+        if (out / f"rank{r}.error").exists()
+    ]
+    assert not errors, "\n".join(errors)
+    assert not hung, f"ranks {hung} did not finish within {JOIN_TIMEOUT_S} s"
+    assert all(p.exitcode == 0 for p in processes), [p.exitcode for p in processes]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+# ---- the bodies the children run ----
+
+
+def _train_and_save(rank: int, world_size: int, settings: dict, steps: int, overlap: bool):
+    model = _model()
+    if rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # construction must broadcast rank 0's parameters
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **settings)
+    initial = [p.detach().clone() for p in model.parameters()]
+    trajectory = _train(model, opt, range(steps), rank, world_size, overlap)
+    return {
+        "initial": initial,
+        "trajectory": trajectory,
+        "stats": opt.stats(),
+        "state": opt.state_dict(),
+        "shard": opt.sharded_state_dict(),
+        "flushed": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def _load_and_train(rank: int, world_size: int, settings: dict, shards: list, steps: range):
+    model = _model()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **settings)
+    opt.load_sharded_state_dict(shards)
+    loaded = opt.state_dict()
+    trajectory = _train(model, opt, steps, rank, world_size)
+    return {"loaded": loaded, "trajectory": trajectory, "state": opt.state_dict()}
+
+
+def _failing_rank(rank: int, world_size: int, bad_rank: int, bad_step: int):
+    model = _model()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+    for step in range(bad_step + 1):
+        x, y = _batch(step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if rank == bad_rank and step == bad_step:
+            weight = model[0].weight
+            # Same shape, not contiguous: the engine refuses this gradient.
+            weight.grad = weight.grad.t().contiguous().t()
+        try:
+            opt.step()
+        except Exception as error:  # the test inspects it
+            return {"step": step, "type": type(error).__name__, "message": str(error)}
+        opt.zero_grad()
+    return {"step": None}
+
+
+# ---- the tests ----
+
+
+def _assert_trajectories(got: list, want: list, what: str) -> None:
+    assert len(got) == len(want)
+    for step, (g, w) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            torch.testing.assert_close(a, b, **TOLERANCE, msg=f"{what} step {step} param {i}")
+
+
+def _assert_states(got: dict, want: dict, what: str) -> None:
+    assert got["zenflow"]["schedule"] == want["zenflow"]["schedule"], what
+    assert got["state"].keys() == want["state"].keys(), what
+    for index, entry in want["state"].items():
+        assert got["state"][index].keys() == entry.keys(), (what, index)
+        for key, value in entry.items():
+            if key == "selected":
+                assert torch.equal(got["state"][index][key], value), (what, index, key)
+            else:
+                torch.testing.assert_close(
+                    got["state"][index][key].float(),
+                    value.float(),
+                    **TOLERANCE,
+                    msg=f"{what}[{index}][{key}]",
+                )
+
+
+def _reference(settings: dict, steps: range, state: dict | None = None, overlap: bool = False):
+    model = _model()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), limit_torch_threads=False, **settings)
+    if state is not None:
+        opt.load_state_dict(state)
+    trajectory = _train(model, opt, steps, overlap=overlap)
+    return model, opt, trajectory
+
+
+def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):
+    """2 ranks (fixed windows, overlap_backward) against one process; their shards load into
+    3 ranks (auto windows) and into one process, which continue as the single process."""
+    first, second = 6, range(6, 10)
+    _, ref_opt, ref_trajectory = _reference(FIXED, range(first), overlap=True)
+    ref_state = ref_opt.state_dict()
+    ref_stats = ref_opt.stats()
+    assert ref_stats["reselections"] >= 1 and ref_stats["last_global_norm"] > FIXED["max_grad_norm"]
+
+    two = _spawn("_train_and_save", 2, tmp_path, FIXED, first, True)
+    for rank, result in enumerate(two):
+        for a, b in zip(result["initial"], two[0]["initial"]):
+            assert torch.equal(a, b), f"rank {rank} did not start from rank 0's parameters"
+        _assert_trajectories(result["trajectory"], ref_trajectory, f"rank {rank}")
+        _assert_states(result["state"], ref_state, f"rank {rank} state_dict")
+        stats = result["stats"]
+        assert stats["reselections"] == ref_stats["reselections"]
+        assert stats["windows"] == ref_stats["windows"]
+        assert stats["collective_bytes_statistics"] > 0
+        assert stats["collective_bytes_gradients"] > 0
+        assert stats["collective_bytes_upload"] > 0
+        # Each rank moves only its own deferred columns: about half of one engine's bytes.
+        assert 0 < stats["bytes_down"] < ref_stats["bytes_down"]
+        assert 0 < stats["host_state_bytes"] < ref_stats["host_state_bytes"]
+    # The consolidated state is the same bits on every rank, the selection included.
+    _assert_states(two[1]["state"], two[0]["state"], "rank 1 against rank 0")
+    for index, entry in two[0]["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(two[1]["state"][index][key], value), (index, key)
+    shards = [result["shard"] for result in two]
+    assert [s["zenflow"]["shard"]["rank"] for s in shards] == [0, 1]
+    assert "selected" in shards[0]["state"][0] and "selected" not in shards[1]["state"][0]
+    assert shards[0]["state"][0]["master"].shape == (HIDDEN, IN // 2)
+    assert 1 not in shards[1]["state"]  # a bias (dense): rank 0's alone
+    consolidated = zenflow.ZenFlowAdamW.consolidate_sharded_state_dict(shards[::-1])
+    _assert_states(consolidated, two[0]["state"], "consolidated shards")
+    with pytest.raises(ValueError, match="missing rank"):
+        zenflow.ZenFlowAdamW.consolidate_sharded_state_dict(shards[:1])
+
+    # The continuation: one process from the single run's state, with auto windows.
+    ref_model, _, ref_next = _reference(AUTO, second, state=ref_state)
+    # 2 -> 1: the 2-rank shards into a single process.
+    model = _model()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), limit_torch_threads=False, **AUTO)
+    opt.load_sharded_state_dict(shards)
+    _assert_trajectories(_train(model, opt, second), ref_next, "2 -> 1")
+    # 2 -> 3: the same shards into three ranks.
+    three = _spawn("_load_and_train", 3, tmp_path, AUTO, shards, second)
+    for rank, result in enumerate(three):
+        _assert_states(result["loaded"], ref_state, f"3 ranks, rank {rank}, loaded")
+        _assert_trajectories(result["trajectory"], ref_next, f"3 ranks, rank {rank}")
+    _assert_states(three[0]["state"], opt.state_dict(), "3 ranks against 1")
+
+
+def test_a_failing_rank_fails_every_rank(tmp_path):
+    results = _spawn("_failing_rank", 2, tmp_path, 1, 2)
+    for rank, result in enumerate(results):
+        assert result["step"] == 2, f"rank {rank} did not fail at the bad step: {result}"
+    assert "contiguous" in results[1]["message"], results[1]
+    assert results[0]["type"] == "ValueError"
+    assert "rank 1" in results[0]["message"], results[0]
+
+
+def test_process_group_argument():
+    model = _model()
+    with pytest.raises(TypeError, match="process_group"):
+        zenflow.ZenFlowAdamW(model.parameters(), process_group="gloo")
+    # A single process (torch.distributed not initialised): a plain optimizer.
+    assert not torch.distributed.is_initialized()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), limit_torch_threads=False, num_threads=1)
+    assert opt._parallel is None
+    _train(model, opt, range(2))
+    stats = opt.stats()
+    assert stats["collective_bytes_statistics"] == 0
+    assert stats["collective_bytes_gradients"] == stats["collective_bytes_upload"] == 0
+    shard = opt.sharded_state_dict()
+    assert shard["zenflow"]["shard"]["world_size"] == 1
+    _assert_states(
+        zenflow.ZenFlowAdamW.consolidate_sharded_state_dict([shard]), opt.state_dict(), "one shard"
+    )
