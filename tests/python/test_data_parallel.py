@@ -190,7 +190,12 @@ def _assert_trajectories(got: list, want: list, what: str) -> None:
     assert len(got) == len(want)
     for step, (g, w) in enumerate(zip(got, want)):
         for i, (a, b) in enumerate(zip(g, w)):
-            torch.testing.assert_close(a, b, **TOLERANCE, msg=f"{what} step {step} param {i}")
+            torch.testing.assert_close(
+                a,
+                b,
+                **TOLERANCE,
+                msg=lambda m, where=f"{what} step {step} param {i}": f"{where}: {m}",
+            )
 
 
 def _assert_states(got: dict, want: dict, what: str) -> None:
@@ -206,7 +211,7 @@ def _assert_states(got: dict, want: dict, what: str) -> None:
                     got["state"][index][key].float(),
                     value.float(),
                     **TOLERANCE,
-                    msg=f"{what}[{index}][{key}]",
+                    msg=lambda m, where=f"{what}[{index}][{key}]": f"{where}: {m}",
                 )
 
 
