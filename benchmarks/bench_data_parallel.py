@@ -1,0 +1,245 @@
+"""Data-parallel ZenFlowAdamW on the host backend: 1, 2 and 3 ranks (gloo, spawned processes).
+
+A model of --layers nn.Linear weights [--rows, --cols] (fp32; one bias each), where the host
+update matters. Every rank gets its own random gradients each step (drawn outside the timed
+region) and calls step(); per rank and per timed step (medians over --steps after --warmup):
+
+  step ms        the wall time of opt.step() (statistics, selection, selected update, the
+                 gradient collectives, packing, the window's host update in the background)
+  stall ms       the training thread's waits inside the engine (zenflow.stall_seconds)
+  host update ms the host lane's update time (stats host_update_seconds)
+  down / up      bytes copied to / from the host (on the host backend: memcpy)
+  collectives    payload bytes this rank gave to collectives: statistics (column sums,
+                 flags), gradients (all-reduce / reduce-scatter), upload (all-gather)
+
+1 rank is the peer: a plain single-process optimizer. The "one float per column" selection
+exchange is compared with an all-gather of the gradients that a selection would otherwise
+need (ratio = rows). On a 2-core machine, 3 ranks oversubscribe the cores (each rank has a
+training thread and a host thread): read the 3-rank times as an upper bound.
+
+    python benchmarks/bench_data_parallel.py
+    flock /work/measure.lock python benchmarks/bench_data_parallel.py \\
+        --write benchmarks/results/2026-12-03-data-parallel.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+import zenflow
+from zenflow.optimizer import stall_seconds
+
+JOIN_TIMEOUT_S = 600
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return dict(
+        lr=1e-3,
+        topk_ratio=args.topk_ratio,
+        update_interval=args.update_interval,
+        overlap_step=True,
+        num_threads=args.host_threads,
+        limit_torch_threads=False,
+    )
+
+
+def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    params = []
+    for _ in range(args.layers):
+        params.append(torch.nn.Parameter(torch.randn(args.rows, args.cols, generator=gen) * 0.02))
+        params.append(torch.nn.Parameter(torch.zeros(args.rows)))
+    opt = zenflow.ZenFlowAdamW(params, **_settings(args))
+    grad_gen = torch.Generator().manual_seed(100 + rank)
+    rows: list[dict] = []
+    keys = (
+        "bytes_down",
+        "bytes_up",
+        "host_update_seconds",
+        "collective_bytes_statistics",
+        "collective_bytes_gradients",
+        "collective_bytes_upload",
+    )
+    before = opt.stats()
+    for step in range(args.warmup + args.steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=grad_gen)
+        start = time.perf_counter()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        after = opt.stats()
+        if step >= args.warmup:
+            row = {key: after.get(key, 0) - before.get(key, 0) for key in keys}
+            row["step_seconds"] = elapsed
+            row["stall_seconds"] = stall_seconds(after) - stall_seconds(before)
+            rows.append(row)
+        before = after
+    start = time.perf_counter()
+    opt.flush()
+    flush = time.perf_counter() - start
+    final = opt.stats()
+    opt.close()
+    return {
+        "rows": rows,
+        "flush_seconds": flush,
+        "host_state_bytes": final["host_state_bytes"],
+        "windows": final["windows"],
+    }
+
+
+def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Namespace) -> None:
+    try:
+        if world_size > 1:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(port)
+            torch.distributed.init_process_group(
+                "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+            )
+        result = _rank_main(rank, world_size, args)
+        torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    except BaseException:
+        Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def run(world_size: int, args: argparse.Namespace) -> list[dict]:
+    with tempfile.TemporaryDirectory() as out, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        context = mp.get_context("spawn")
+        processes = [
+            context.Process(target=_child, args=(r, world_size, port, out, args))
+            for r in range(world_size)
+        ]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join(JOIN_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        errors = [Path(out, f"rank{r}.error") for r in range(world_size)]
+        failed = [e.read_text() for e in errors if e.exists()]
+        if failed or any(p.exitcode != 0 for p in processes):
+            raise RuntimeError(f"{world_size} ranks failed:\n" + "\n".join(failed))
+        return [torch.load(Path(out, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return statistics.fmean(row[key] for row in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=2048)
+    parser.add_argument("--cols", type=int, default=512)
+    parser.add_argument("--topk-ratio", type=float, default=0.1)
+    parser.add_argument("--update-interval", type=int, default=4)
+    parser.add_argument("--host-threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
+    args = parser.parse_args()
+
+    results = {}
+    for world_size in args.world_sizes:
+        started = time.perf_counter()
+        results[world_size] = run(world_size, args)
+        print(
+            f"{world_size} rank(s): {time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    mib = 1 / (1 << 20)
+    lines = [
+        "| ranks | rank | step ms (median) | stall ms/step | host update ms/step | down MiB/step "
+        "| up MiB/step | coll. statistics KiB/step | coll. gradients MiB/step | coll. upload MiB/step "
+        "| host state MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    # Bytes and host time per step are means over the timed steps (a window's update lands in
+    # one step of every update_interval); step times are medians.
+    for world_size, ranks in results.items():
+        for rank, result in enumerate(ranks):
+            rows = result["rows"]
+            lines.append(
+                f"| {world_size} | {rank} | {1e3 * median(rows, 'step_seconds'):.1f} "
+                f"| {1e3 * mean(rows, 'stall_seconds'):.2f} "
+                f"| {1e3 * mean(rows, 'host_update_seconds'):.1f} "
+                f"| {mean(rows, 'bytes_down') * mib:.2f} | {mean(rows, 'bytes_up') * mib:.2f} "
+                f"| {mean(rows, 'collective_bytes_statistics') / 1024:.1f} "
+                f"| {mean(rows, 'collective_bytes_gradients') * mib:.2f} "
+                f"| {mean(rows, 'collective_bytes_upload') * mib:.2f} "
+                f"| {result['host_state_bytes'] * mib:.1f} |"
+            )
+    summary = [
+        "",
+        "| ranks | step ms (median of rank medians) | host update ms/step per rank (mean) "
+        "| down MiB/step per rank | vs 1 rank: host update | vs 1 rank: down |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = results.get(1)
+    for world_size, ranks in results.items():
+        step = statistics.median(median(r["rows"], "step_seconds") for r in ranks)
+        host = statistics.fmean(mean(r["rows"], "host_update_seconds") for r in ranks)
+        down = statistics.fmean(mean(r["rows"], "bytes_down") for r in ranks)
+        if base:
+            base_host = mean(base[0]["rows"], "host_update_seconds")
+            base_down = mean(base[0]["rows"], "bytes_down")
+            ratio_host = f"{host / base_host:.2f}x" if base_host else "-"
+            ratio_down = f"{down / base_down:.2f}x" if base_down else "-"
+        else:
+            ratio_host = ratio_down = "-"
+        summary.append(
+            f"| {world_size} | {1e3 * step:.1f} | {1e3 * host:.1f} | {down * mib:.2f} | {ratio_host} | {ratio_down} |"
+        )
+    columns = args.layers * args.cols
+    values = args.layers * args.rows * args.cols
+    selection = [
+        "",
+        f"Selection exchange per selection step: the column sums, one float per column: "
+        f"{columns} floats = {4 * columns / 1024:.0f} KiB per rank; an all-gather of the gradients "
+        f"instead: {values} floats = {4 * values * mib:.0f} MiB per rank (ratio {values // columns} = rows).",
+    ]
+    header = [
+        f"Data parallel on the host backend, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, zenflow {zenflow.__version__}: "
+        f"{args.layers} fp32 matrices [{args.rows}, {args.cols}] + biases, topk_ratio {args.topk_ratio}, "
+        f"update_interval {args.update_interval}, overlap_step, {args.host_threads} host thread(s) per rank, "
+        f"1 torch thread, {args.warmup} warm-up + {args.steps} timed steps, gloo.",
+        "",
+    ]
+    table = "\n".join(header + lines + summary + selection)
+    print(table)
+    if args.write:
+        args.write.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
