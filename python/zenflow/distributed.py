@@ -27,6 +27,8 @@ _DTYPES = {
     "int32": torch.int32,
     "int64": torch.int64,
 }
+# The alignment engine.h asks of the attached device memory.
+_MEMORY_ALIGNMENT = 256
 # Checkpoint consolidation reduces the state in buckets of this many bytes (bounded temporary
 # memory whatever the model size).
 _CONSOLIDATE_BUCKET_BYTES = 64 << 20
@@ -189,9 +191,12 @@ class DataParallel:
             collectives.reduce_scatter_sum,
             collectives.all_gather,
         )
-        # Rounded up so that typed views of any offset the engine aligns stay in bounds.
-        size = -(-engine.device_memory_size() // 16) * 16
-        memory = torch.empty(size, dtype=torch.uint8, device=self.device)
+        # The engine wants its memory 256-byte aligned (torch's CPU allocator gives 64): a
+        # view at the first aligned byte of a slightly larger buffer.
+        size = engine.device_memory_size()
+        raw = torch.empty(size + _MEMORY_ALIGNMENT, dtype=torch.uint8, device=self.device)
+        start = -raw.data_ptr() % _MEMORY_ALIGNMENT
+        memory = raw[start : start + size]
         collectives.attach(memory)
         engine.attach_device_memory(memory)
 
@@ -200,13 +205,6 @@ class DataParallel:
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p.detach(), src=self.source, group=self.group)
-
-    def any_rank(self, flag: torch.Tensor) -> torch.Tensor:
-        """`flag` (a one-element tensor on the parameters' device), maximised over the ranks:
-        all ranks then take the same decision (GradScaler's overflow)."""
-        reduced = flag.detach().to(self.device, torch.float32).reshape(1).clone()
-        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=self.group)
-        return reduced
 
     def sum_state(self, saved: dict) -> None:
         """The engine's partial state (each rank's buffers hold what it owns, zeros elsewhere)

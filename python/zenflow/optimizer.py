@@ -248,7 +248,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     flush, state_dict, ...: they run collectives); a step where a rank has no gradient at all
     still steps there (with zeros), so that the ranks stay in step. `overlap_backward` works
     (a data-parallel step starts its work at `step()`). When one rank fails (a bad gradient,
-    a host error), every rank raises. `state_dict()` returns the whole state on every rank;
+    a host error), every rank raises. torch.amp.GradScaler raises ValueError (each rank's
+    scaler would see only its own overflow): use `loss_scaling="dynamic"`. `state_dict()` returns the whole state on every rank;
     `sharded_state_dict()` only this rank's part (its columns of every matrix), and
     `load_sharded_state_dict(shards)` loads the list of every rank's shards; both load into
     any world size, or a single process.
@@ -538,6 +539,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 )
         return g
 
+    def _refuse_amp_scaler(self, message: str) -> None:
+        """Raises ValueError(message) for a GradScaler step we cannot take. GradScaler deletes
+        the attributes it set after a step that returns, not after one that raises: forget
+        them first, or the next plain step() would take them for a scaler's."""
+        self.__dict__.pop("grad_scale", None)
+        self.__dict__.pop("found_inf", None)
+        raise ValueError(message)
+
     def _amp_scaler(self) -> tuple[bool, Any, Any]:
         """(GradScaler in use, its scale or None when already unscaled, its overflow flag)."""
         found_inf = getattr(self, "found_inf", None)
@@ -566,18 +575,24 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         using_scaler, grad_scale, found_inf = self._amp_scaler()
         if using_scaler:
             if self._loss_scaling == "dynamic":
-                raise ValueError(
+                self._refuse_amp_scaler(
                     "torch.amp.GradScaler: zenflow's own dynamic loss scaling is on (float16 parameters "
                     "or loss_scaling='dynamic'); use opt.scale_loss(loss) without GradScaler, or "
                     "loss_scaling='none' with GradScaler"
                 )
             if split is not None or self._overlap_handle is not None:
-                raise ValueError(
+                self._refuse_amp_scaler(
                     "torch.amp.GradScaler with overlap_backward: the gradients were handed to the engine "
                     "before GradScaler could unscale them; use loss_scaling='dynamic' and opt.scale_loss(loss)"
                 )
             if self._parallel is not None:
-                found_inf = self._parallel.any_rank(found_inf)  # every rank skips, or none
+                # Each rank's GradScaler sees only its own gradients' overflow, and would back
+                # its scale off alone: the ranks' scales and skipped steps would part.
+                self._refuse_amp_scaler(
+                    "torch.amp.GradScaler: not supported in data parallel (each rank's scaler sees "
+                    "only its own overflow); use loss_scaling='dynamic' and opt.scale_loss(loss), "
+                    "which all ranks agree on"
+                )
             if found_inf.item() != 0:
                 return  # GradScaler's overflow: skip the step, as torch's optimizers do
         elif self._loss_scaling == "dynamic" and not self._loss_scaled:

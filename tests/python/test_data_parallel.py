@@ -45,11 +45,18 @@ FIXED = dict(
 AUTO = dict(FIXED, update_interval="auto", max_update_interval=3)
 
 
-def _model() -> torch.nn.Module:
+def _model(weights: list | None = None) -> torch.nn.Module:
+    """The model, with `weights` when given (a checkpoint holds the model's weights beside the
+    optimizer's state: fp32 weights are their own master)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(
+    model = torch.nn.Sequential(
         torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)
     )
+    if weights is not None:
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), weights):
+                p.copy_(w)
+    return model
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,18 +163,32 @@ def _train_and_save(rank: int, world_size: int, settings: dict, steps: int, over
     }
 
 
-def _load_and_train(rank: int, world_size: int, settings: dict, shards: list, steps: range):
-    model = _model()
+def _load_and_train(
+    rank: int, world_size: int, settings: dict, weights: list, shards: list, steps: range
+):
+    model = _model(weights)
     opt = zenflow.ZenFlowAdamW(model.parameters(), **settings)
     opt.load_sharded_state_dict(shards)
     loaded = opt.state_dict()
     trajectory = _train(model, opt, steps, rank, world_size)
-    return {"loaded": loaded, "trajectory": trajectory, "state": opt.state_dict()}
+    stats = opt.stats()
+    return {"loaded": loaded, "trajectory": trajectory, "state": opt.state_dict(), "stats": stats}
 
 
 def _failing_rank(rank: int, world_size: int, bad_rank: int, bad_step: int):
     model = _model()
     opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+    # GradScaler: refused on every rank, before any collective (each rank's scaler would see
+    # only its own overflow).
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = _batch(0)
+    scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+    try:
+        scaler.step(opt)
+        scaler_error = None
+    except ValueError as error:
+        scaler_error = str(error)
+    opt.zero_grad()
     for step in range(bad_step + 1):
         x, y = _batch(step)
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -178,9 +199,14 @@ def _failing_rank(rank: int, world_size: int, bad_rank: int, bad_step: int):
         try:
             opt.step()
         except Exception as error:  # the test inspects it
-            return {"step": step, "type": type(error).__name__, "message": str(error)}
+            return {
+                "step": step,
+                "type": type(error).__name__,
+                "message": str(error),
+                "scaler": scaler_error,
+            }
         opt.zero_grad()
-    return {"step": None}
+    return {"step": None, "scaler": scaler_error}
 
 
 # ---- the tests ----
@@ -215,8 +241,14 @@ def _assert_states(got: dict, want: dict, what: str) -> None:
                 )
 
 
-def _reference(settings: dict, steps: range, state: dict | None = None, overlap: bool = False):
-    model = _model()
+def _reference(
+    settings: dict,
+    steps: range,
+    state: dict | None = None,
+    weights: list | None = None,
+    overlap: bool = False,
+):
+    model = _model(weights)
     opt = zenflow.ZenFlowAdamW(model.parameters(), limit_torch_threads=False, **settings)
     if state is not None:
         opt.load_state_dict(state)
@@ -228,8 +260,9 @@ def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):
     """2 ranks (fixed windows, overlap_backward) against one process; their shards load into
     3 ranks (auto windows) and into one process, which continue as the single process."""
     first, second = 6, range(6, 10)
-    _, ref_opt, ref_trajectory = _reference(FIXED, range(first), overlap=True)
-    ref_state = ref_opt.state_dict()
+    ref_model, ref_opt, ref_trajectory = _reference(FIXED, range(first), overlap=True)
+    ref_state = ref_opt.state_dict()  # flushes: the weights are exact
+    ref_weights = [p.detach().clone() for p in ref_model.parameters()]
     ref_stats = ref_opt.stats()
     assert ref_stats["reselections"] >= 1 and ref_stats["last_global_norm"] > FIXED["max_grad_norm"]
 
@@ -250,9 +283,9 @@ def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):
         assert 0 < stats["host_state_bytes"] < ref_stats["host_state_bytes"]
     # The consolidated state is the same bits on every rank, the selection included.
     _assert_states(two[1]["state"], two[0]["state"], "rank 1 against rank 0")
-    for index, entry in two[0]["state"].items():
+    for index, entry in two[0]["state"]["state"].items():
         for key, value in entry.items():
-            assert torch.equal(two[1]["state"][index][key], value), (index, key)
+            assert torch.equal(two[1]["state"]["state"][index][key], value), (index, key)
     shards = [result["shard"] for result in two]
     assert [s["zenflow"]["shard"]["rank"] for s in shards] == [0, 1]
     assert "selected" in shards[0]["state"][0] and "selected" not in shards[1]["state"][0]
@@ -264,17 +297,19 @@ def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):
         zenflow.ZenFlowAdamW.consolidate_sharded_state_dict(shards[:1])
 
     # The continuation: one process from the single run's state, with auto windows.
-    ref_model, _, ref_next = _reference(AUTO, second, state=ref_state)
-    # 2 -> 1: the 2-rank shards into a single process.
-    model = _model()
+    _, _, ref_next = _reference(AUTO, second, state=ref_state, weights=ref_weights)
+    # 2 -> 1: the 2-rank shards (and rank 0's weights) into a single process.
+    weights = two[0]["flushed"]
+    model = _model(weights)
     opt = zenflow.ZenFlowAdamW(model.parameters(), limit_torch_threads=False, **AUTO)
     opt.load_sharded_state_dict(shards)
     _assert_trajectories(_train(model, opt, second), ref_next, "2 -> 1")
     # 2 -> 3: the same shards into three ranks.
-    three = _spawn("_load_and_train", 3, tmp_path, AUTO, shards, second)
+    three = _spawn("_load_and_train", 3, tmp_path, AUTO, weights, shards, second)
     for rank, result in enumerate(three):
         _assert_states(result["loaded"], ref_state, f"3 ranks, rank {rank}, loaded")
         _assert_trajectories(result["trajectory"], ref_next, f"3 ranks, rank {rank}")
+        assert result["stats"]["reselections"] >= 1  # on 3 ranks too
     _assert_states(three[0]["state"], opt.state_dict(), "3 ranks against 1")
 
 
@@ -283,8 +318,10 @@ def test_a_failing_rank_fails_every_rank(tmp_path):
     for rank, result in enumerate(results):
         assert result["step"] == 2, f"rank {rank} did not fail at the bad step: {result}"
     assert "contiguous" in results[1]["message"], results[1]
+    for result in results:
+        assert result["scaler"] is not None and "GradScaler" in result["scaler"], result
     assert results[0]["type"] == "ValueError"
-    assert "rank 1" in results[0]["message"], results[0]
+    assert "rank(s) 1 of 2 failed" in results[0]["message"], results[0]
 
 
 def test_process_group_argument():
