@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--update-interval", type=int, default=4)
     parser.add_argument("--host-threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
     args = parser.parse_args()
@@ -225,7 +225,7 @@ def main() -> None:
         "",
         f"Selection exchange per selection step: the column sums, one float per column: "
         f"{columns} floats = {4 * columns / 1024:.0f} KiB per rank; an all-gather of the gradients "
-        f"instead: {values} floats = {4 * values * mib:.0f} MiB per rank (ratio {values // columns} = rows).",
+        f"instead: {values} floats = {4 * values * mib:.2f} MiB per rank (ratio {values // columns} = rows).",
     ]
     header = [
         f"Data parallel on the host backend, {datetime.date.today()}, {platform.processor() or platform.machine()}, "

@@ -51,7 +51,7 @@ def main() -> None:
     ).to(device)
     # The default process group; each rank keeps and updates 1/world_size of the deferred columns.
     opt = zenflow.ZenFlowAdamW(
-        model.parameters(), lr=1e-3, topk_ratio=0.1, update_interval=4, max_grad_norm=1.0
+        model.parameters(), lr=3e-3, topk_ratio=0.1, update_interval=4, max_grad_norm=1.0
     )
     opt.overlap_backward(model)  # hands gradients over while backward runs
 
