@@ -6,8 +6,12 @@ region) and calls step(); per rank and per timed step (medians over --steps afte
 
   step ms        the wall time of opt.step() (statistics, selection, selected update, the
                  gradient collectives, packing, the window's host update in the background)
+  collectives ms the part of step ms spent inside the engine's collectives (gloo)
+  peer           one all-reduce of the whole fp32 gradient (what DDP pays for its reduction),
+                 timed in the same processes after the steps
   stall ms       the training thread's waits inside the engine (zenflow.stall_seconds)
-  host update ms the host lane's update time (stats host_update_seconds)
+  host update ms the host lane's window update time (stats host_update_seconds)
+  accumulate ms  the host lane's accumulate time (stats accumulate_seconds)
   down / up      bytes copied to / from the host (on the host backend: memcpy)
   collectives    payload bytes this rank gave to collectives: statistics (column sums,
                  flags), gradients (all-reduce / reduce-scatter), upload (all-gather)
@@ -41,6 +45,7 @@ import torch
 import torch.multiprocessing as mp
 
 import zenflow
+import zenflow.distributed as zf_distributed
 from zenflow.optimizer import stall_seconds
 
 JOIN_TIMEOUT_S = 600
@@ -57,6 +62,40 @@ def _settings(args: argparse.Namespace) -> dict:
     )
 
 
+class _CollectiveClock:
+    """Time spent inside the collectives the engine calls (zenflow.distributed's
+    torch.distributed calls), wrapped for the timed steps only."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._saved: list[tuple] = []
+
+    def _timed(self, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return wrapper
+
+    def __enter__(self):
+        for owner, name in (
+            (zf_distributed, "_reduce_scatter_tensor"),
+            (zf_distributed, "_all_gather_tensor"),
+            (torch.distributed, "all_reduce"),
+        ):
+            self._saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, self._timed(getattr(owner, name)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+        self._saved = []
+
+
 def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -71,6 +110,7 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         "bytes_down",
         "bytes_up",
         "host_update_seconds",
+        "accumulate_seconds",
         "collective_bytes_statistics",
         "collective_bytes_gradients",
         "collective_bytes_upload",
@@ -79,13 +119,15 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     for step in range(args.warmup + args.steps):
         for p in params:
             p.grad = torch.randn(p.shape, generator=grad_gen)
-        start = time.perf_counter()
-        opt.step()
-        elapsed = time.perf_counter() - start
+        with _CollectiveClock() as clock:
+            start = time.perf_counter()
+            opt.step()
+            elapsed = time.perf_counter() - start
         after = opt.stats()
         if step >= args.warmup:
             row = {key: after.get(key, 0) - before.get(key, 0) for key in keys}
             row["step_seconds"] = elapsed
+            row["collective_seconds"] = clock.seconds
             row["stall_seconds"] = stall_seconds(after) - stall_seconds(before)
             rows.append(row)
         before = after
@@ -94,7 +136,18 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     flush = time.perf_counter() - start
     final = opt.stats()
     opt.close()
+    # The peer: what DDP pays for its gradient reduction alone, one all-reduce of the whole
+    # gradient (fp32, the same bytes), timed in the same processes.
+    peer = []
+    if world_size > 1:
+        flat = torch.randn(sum(p.numel() for p in params), generator=grad_gen)
+        for rep in range(args.warmup + args.steps):
+            start = time.perf_counter()
+            torch.distributed.all_reduce(flat)
+            if rep >= args.warmup:
+                peer.append(time.perf_counter() - start)
     return {
+        "peer_all_reduce_seconds": statistics.median(peer) if peer else 0.0,
         "rows": rows,
         "flush_seconds": flush,
         "host_state_bytes": final["host_state_bytes"],
@@ -178,10 +231,10 @@ def main() -> None:
 
     mib = 1 / (1 << 20)
     lines = [
-        "| ranks | rank | step ms (median) | stall ms/step | host update ms/step | down MiB/step "
+        "| ranks | rank | step ms (median) | of which in collectives ms | peer: all-reduce of the gradient ms | stall ms/step | host update ms/step | host accumulate ms/step | down MiB/step "
         "| up MiB/step | coll. statistics KiB/step | coll. gradients MiB/step | coll. upload MiB/step "
         "| host state MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     # Bytes and host time per step are means over the timed steps (a window's update lands in
     # one step of every update_interval); step times are medians.
@@ -190,8 +243,11 @@ def main() -> None:
             rows = result["rows"]
             lines.append(
                 f"| {world_size} | {rank} | {1e3 * median(rows, 'step_seconds'):.1f} "
+                f"| {1e3 * median(rows, 'collective_seconds'):.1f} "
+                f"| {1e3 * result['peer_all_reduce_seconds']:.1f} "
                 f"| {1e3 * mean(rows, 'stall_seconds'):.2f} "
                 f"| {1e3 * mean(rows, 'host_update_seconds'):.1f} "
+                f"| {1e3 * mean(rows, 'accumulate_seconds'):.1f} "
                 f"| {mean(rows, 'bytes_down') * mib:.2f} | {mean(rows, 'bytes_up') * mib:.2f} "
                 f"| {mean(rows, 'collective_bytes_statistics') / 1024:.1f} "
                 f"| {mean(rows, 'collective_bytes_gradients') * mib:.2f} "
@@ -223,9 +279,10 @@ def main() -> None:
     values = args.layers * args.rows * args.cols
     selection = [
         "",
-        f"Selection exchange per selection step: the column sums, one float per column: "
-        f"{columns} floats = {4 * columns / 1024:.0f} KiB per rank; an all-gather of the gradients "
-        f"instead: {values} floats = {4 * values * mib:.2f} MiB per rank (ratio {values // columns} = rows).",
+        f"What the ranks exchange to select alike, per step: the matrices' column sums, one float "
+        f"per column: {columns} floats = {4 * columns / 1024:.0f} KiB per rank; an all-gather of "
+        f"the gradients instead: {values} floats = {4 * values * mib:.2f} MiB per rank (ratio "
+        f"{values // columns} = rows).",
     ]
     header = [
         f"Data parallel on the host backend, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
