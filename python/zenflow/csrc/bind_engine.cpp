@@ -229,9 +229,8 @@ class PyCollectives {
 
   static zf_status all_reduce_trampoline(void* user, void* data, size_t count, zf_dtype dtype, zf_stream stream) {
     auto* self = static_cast<PyCollectives*>(user);
-    return self->invoke("all_reduce_sum", [&] {
-      self->all_reduce_sum_(address(data), count, dtype_name(dtype), stream_handle(stream));
-    });
+    return self->invoke("all_reduce_sum",
+                        [&] { self->all_reduce_sum_(address(data), count, dtype_name(dtype), stream_handle(stream)); });
   }
 
   static zf_status reduce_scatter_trampoline(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
@@ -658,10 +657,10 @@ class PyEngine {
   }
 
   zf_engine* engine_ = nullptr;
-  py::list params_;                     // keeps the parameters alive at the addresses the engine holds
-  py::object memory_ = py::none();      // the attached device memory, released after destroy
+  py::list params_;                             // keeps the parameters alive at the addresses the engine holds
+  py::object memory_ = py::none();              // the attached device memory, released after destroy
   std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
-  zf_device device_{ZF_DEVICE_CPU, 0};  // the parameters' device
+  zf_device device_{ZF_DEVICE_CPU, 0};          // the parameters' device
   py::list submitted_;
   size_t group_count_ = 0;
   bool torch_params_ = false;
