@@ -341,3 +341,40 @@ def test_process_group_argument():
     _assert_states(
         zenflow.ZenFlowAdamW.consolidate_sharded_state_dict([shard]), opt.state_dict(), "one shard"
     )
+
+
+def test_set_collectives_binding_checks_and_reports_callable_errors():
+    """Engine.set_collectives in one process: bad arguments are refused, and an exception in
+    a collective fails the engine's call with its text (the trampolines' error path)."""
+    weight = torch.randn(16, 8)
+    engine = zenflow._C.Engine([weight], [{"params": [0], "lr": 1e-3}], {"topk_ratio": 0.25})
+
+    def unused(*args):
+        raise AssertionError("not called")
+
+    with pytest.raises(TypeError, match="all_gather"):
+        engine.set_collectives(0, 2, unused, unused, None)
+    with pytest.raises(ValueError, match="rank"):
+        engine.set_collectives(2, 2, unused, unused, unused)
+    with pytest.raises(ValueError, match="world_size"):
+        engine.set_collectives(0, 0, unused, unused, unused)
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise RuntimeError("link down 7")
+
+    engine.set_collectives(0, 2, failing, failing, failing)
+    size = engine.device_memory_size()
+    raw = torch.empty(size + 256, dtype=torch.uint8)
+    start = -raw.data_ptr() % 256
+    memory = raw[start : start + size]
+    engine.attach_device_memory(memory)
+    before = weight.clone()
+    with pytest.raises(RuntimeError, match="link down 7"):
+        engine.step([torch.randn(16, 8)])
+    address, count, dtype, stream = calls[0]
+    assert memory.data_ptr() <= address < memory.data_ptr() + size and count > 0
+    assert dtype in ("int32", "float32") and stream == 0
+    assert torch.equal(weight, before)
+    engine.close()
