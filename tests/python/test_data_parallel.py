@@ -66,6 +66,11 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+# The continuations change weight_decay before this step: the optimizer rebuilds its engine,
+# carrying the (in data parallel: consolidated) state over.
+REBUILD_STEP = 8
+
+
 def _train(model, opt, steps: range, rank: int = 0, world_size: int = 1, overlap: bool = False):
     """Trains on `steps` (this rank's share of each global batch); returns the parameters
     after every step."""
@@ -73,6 +78,8 @@ def _train(model, opt, steps: range, rank: int = 0, world_size: int = 1, overlap
     trajectory = []
     share = BATCH // world_size
     for step in steps:
+        if step == REBUILD_STEP:
+            opt.param_groups[0]["weight_decay"] = 0.02
         x, y = _batch(step)
         x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         loss = torch.nn.functional.mse_loss(model(x), y)
