@@ -224,6 +224,8 @@ class CudaBackend final : public Backend {
   }
 
   bool host_visible() const override { return false; }
+  zf_stream compute_stream() const override { return compute_; }
+
   void set_stream(zf_stream stream) override {
     if (stream == compute_) return;
     // The engine's device state was last written on the old stream: the new one starts after it.

@@ -85,6 +85,8 @@ class Backend {
   virtual bool host_visible() const = 0;
   // The compute lane: the caller's stream (CUDA); the host backend accepts only nullptr.
   virtual void set_stream(zf_stream stream) = 0;
+  // The compute lane's stream, given to the collectives (data parallel); nullptr on the host.
+  virtual zf_stream compute_stream() const { return nullptr; }
   virtual void* allocate_device(size_t bytes) = 0;  // when the caller attaches none
   virtual void free_device(void* memory) = 0;
   // Host memory a copy lane reads or writes (page-locked on CUDA).

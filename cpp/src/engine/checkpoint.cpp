@@ -61,6 +61,14 @@ std::vector<zf_engine_state_entry> Engine::state_layout() const {
 }
 
 void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
+  agree([&] { check_save_arguments(buffers, count, counters, loss_scale); });
+  initialize_state();
+  flush_on_every_rank();
+  write_state(buffers, counters, loss_scale);
+}
+
+void Engine::check_save_arguments(const zf_tensor* buffers, size_t count, const int64_t* counters,
+                                  const double* loss_scale) {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "save_state: a split step is open");
   require(counters != nullptr && loss_scale != nullptr, ZF_ERROR_INVALID_VALUE, "counters, loss_scale: NULL");
   const std::vector<zf_engine_state_entry> layout = state_layout();
@@ -79,8 +87,9 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
             kind_name(layout[e].kind));
   }
   poll_host_lane();
-  initialize_state();
-  flush_internal();
+}
+
+void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* loss_scale) {
   // The device state, read on the host: in place (host backend) or from a copy.
   std::vector<uint8_t> mirror;
   if (!backend_->host_visible()) {
@@ -101,6 +110,11 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
     float* exp_avg = static_cast<float*>(buffers[e + 1].data);
     float* exp_avg_sq = static_cast<float*>(buffers[e + 2].data);
     int32_t* steps = static_cast<int32_t*>(buffers[e + 3].data);
+    if (!p.matrix && rank_ != 0) {  // data parallel: rank 0 writes the dense parameters
+      for (size_t b = e; b < e + 4; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
+      e += 4;
+      continue;
+    }
     if (!p.matrix) {
       const Dense& d = dense_[p.index];
       for (int64_t i = 0; i < p.numel; ++i)
@@ -113,16 +127,22 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
     }
     const Matrix& m = matrices_[p.index];
     const int64_t rows = m.rows, cols = m.cols, k = static_cast<int64_t>(m.selected.size());
-    for (int64_t j = 0; j < cols; ++j) {  // host layout [cols, rows] -> [rows, cols]
+    const int64_t lo = m.own_lo, hi = m.own_lo + m.own_cols;
+    if (parallel()) {  // the columns of other ranks: zeros
+      for (size_t b = e; b < e + 7; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
+    }
+    for (int64_t j = lo; j < hi; ++j) {  // host layout [own_cols, rows] -> [rows, cols]
+      const int64_t local = j - lo;
       for (int64_t r = 0; r < rows; ++r) {
-        master[r * cols + j] = m.master[j * rows + r];
-        exp_avg[r * cols + j] = m.exp_avg[j * rows + r];
-        exp_avg_sq[r * cols + j] = m.exp_avg_sq[j * rows + r];
+        master[r * cols + j] = m.master[local * rows + r];
+        exp_avg[r * cols + j] = m.exp_avg[local * rows + r];
+        exp_avg_sq[r * cols + j] = m.exp_avg_sq[local * rows + r];
       }
-      steps[j] = m.steps[j];
+      steps[j] = m.steps[local];
     }
     for (int64_t c = 0; c < k; ++c) {  // the selected columns live in the compact state [rows, k]
       const int64_t j = m.selected[c];
+      if (j < lo || j >= hi) continue;
       for (int64_t r = 0; r < rows; ++r) {
         master[r * cols + j] =
             m.has_master ? state_float(m.dev_master)[r * k + c] : widen(weights, p.tensor.dtype, r * cols + j);
@@ -131,9 +151,11 @@ void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counter
       }
       steps[j] = state_int(m.dev_steps)[c];
     }
-    std::copy(m.selected.begin(), m.selected.end(), static_cast<int32_t*>(buffers[e + 4].data));
-    std::copy(m.window_score.begin(), m.window_score.end(), static_cast<float*>(buffers[e + 5].data));
-    std::copy(m.energy, m.energy + 2, static_cast<float*>(buffers[e + 6].data));
+    if (rank_ == 0) {  // the same on every rank: rank 0 writes them
+      std::copy(m.selected.begin(), m.selected.end(), static_cast<int32_t*>(buffers[e + 4].data));
+      std::copy(m.window_score.begin(), m.window_score.end(), static_cast<float*>(buffers[e + 5].data));
+      std::copy(m.energy, m.energy + 2, static_cast<float*>(buffers[e + 6].data));
+    }
     e += 7;
   }
   schedule_.save(counters);
@@ -238,13 +260,14 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     }
     Matrix& m = matrices_[p.index];
     const int64_t rows = m.rows, cols = m.cols;
-    for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {  // this rank's columns
+      const int64_t local = j - m.own_lo;
       for (int64_t r = 0; r < rows; ++r) {
-        m.master[j * rows + r] = master[r * cols + j];
-        m.exp_avg[j * rows + r] = exp_avg[r * cols + j];
-        m.exp_avg_sq[j * rows + r] = exp_avg_sq[r * cols + j];
+        m.master[local * rows + r] = master[r * cols + j];
+        m.exp_avg[local * rows + r] = exp_avg[r * cols + j];
+        m.exp_avg_sq[local * rows + r] = exp_avg_sq[r * cols + j];
       }
-      m.steps[j] = steps[j];
+      m.steps[local] = steps[j];
     }
     std::fill(m.acc[0].begin(), m.acc[0].end(), 0.0f);
     std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
@@ -275,13 +298,14 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     e += 7;
   }
   if (!mirror.empty()) upload(device_, mirror.data(), device_state_bytes_);
-  for (Matrix& m : matrices_) upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
+  for (Matrix& m : matrices_) upload_selection(m);
   if (reselect) schedule_.force_selection();
   growth_tracker_ = counters[ZF_COUNTER_GROWTH_TRACKER];
   skipped_steps_ = counters[ZF_COUNTER_SKIPPED];
   loss_scale_ = config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? loss_scale : 1.0;
   acc_current_ = 0;
   steps_accumulated_ = 0;
+  update_pending_ = false;
   next_slot_ = 0;
   sticky_ = false;
   sticky_message_.clear();

@@ -162,6 +162,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
   create_backend(compute_threads_);
+  set_ownership();
   setup_buckets_and_memory();
   lane_ = std::make_unique<HostLane>(host_threads);
 }
@@ -219,18 +220,22 @@ void Engine::setup_buckets_and_memory() {
   stats_plan_ = std::make_unique<ColumnStatsPlan>(std::move(stats));
   // Buckets: consecutive matrices of one dtype, at most bucket_bytes of packed gradient with
   // nothing selected (the largest a bucket gets); a larger matrix is a bucket of its own.
+  // The buckets are decided from the whole matrices, so that every rank of a data-parallel
+  // run has the same; the staging slots and U hold this rank's columns.
   size_t upload_bytes = 0;
   slot_bytes_ = 0;
   for (size_t i = 0; i < matrices_.size(); ++i) {
     Matrix& m = matrices_[i];
     const zf_dtype dtype = params_[m.param].tensor.dtype;
     const size_t bytes = static_cast<size_t>(m.rows * m.cols) * zf_dtype_size(dtype);
+    const size_t own_bytes = static_cast<size_t>(m.rows * m.own_cols) * zf_dtype_size(dtype);
     if (buckets_.empty() || buckets_.back().dtype != dtype ||
         buckets_.back().max_bytes + bytes > config_.bucket_bytes) {
       Bucket b;
       b.first = b.last = i;
       b.dtype = dtype;
       b.max_bytes = 0;
+      b.own_max_bytes = 0;
       b.upload_offset = upload_bytes;
       buckets_.push_back(std::move(b));
     }
@@ -238,15 +243,16 @@ void Engine::setup_buckets_and_memory() {
     m.bucket = buckets_.size() - 1;
     b.last = i + 1;
     b.max_bytes += bytes;
-    upload_bytes += bytes;
-    slot_bytes_ = std::max(slot_bytes_, b.max_bytes);
-    const size_t elements = static_cast<size_t>(m.rows * m.cols);
+    b.own_max_bytes += own_bytes;
+    upload_bytes += own_bytes;
+    slot_bytes_ = std::max(slot_bytes_, b.own_max_bytes);
+    const size_t elements = static_cast<size_t>(m.rows * m.own_cols);
     m.master.resize(elements);
     m.exp_avg.resize(elements);
     m.exp_avg_sq.resize(elements);
     m.acc[0].resize(elements);
     m.acc[1].resize(elements);
-    m.steps.resize(static_cast<size_t>(m.cols));
+    m.steps.resize(static_cast<size_t>(m.own_cols));
     m.window_score.resize(2 * static_cast<size_t>(m.cols));
   }
   // Device memory: compact state per matrix, dense state, the selections, the column sums
@@ -305,6 +311,7 @@ void Engine::setup_buckets_and_memory() {
   slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
   staging_offset_ = take(slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_buffer_offset_ = take(slot_bytes_);
+  offset = parallel_memory(offset);
   device_bytes_ = offset;
   host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_bytes_ = upload_bytes;
@@ -350,14 +357,19 @@ void Engine::initialize_state() {
   ensure_device_memory();
   // Host masters from the weights: a pack with nothing selected writes W^T in fp32, which is
   // the host layout.
+  // Of this rank's columns only: the pack skips the others.
   for (Matrix& m : matrices_) {
+    std::vector<int32_t> others;
+    for (int64_t j = 0; j < m.cols; ++j)
+      if (j < m.own_lo || j >= m.own_lo + m.own_cols) others.push_back(static_cast<int32_t>(j));
     PackedLayout layout;
-    layout.add(m.rows, m.cols, 0);
+    layout.add(m.rows, m.cols, static_cast<int64_t>(others.size()));
     PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
     std::vector<uint8_t> weights = download_param(m.param);
     void* param = weights.empty() ? params_[m.param].tensor.data : weights.data();
-    const int32_t* none = nullptr;
-    plan.run(backend_->host_pool(), &param, &none, m.master.data(), 1.0f, true);
+    const int32_t* skip = others.empty() ? nullptr : others.data();
+    plan.run(backend_->host_pool(), &param, &skip, m.master.data(), 1.0f, true);
+    if (parallel()) upload_selection(m);
   }
   for (Dense& d : dense_) {
     if (!d.has_master) continue;
@@ -399,7 +411,7 @@ std::vector<uint8_t> Engine::download_param(size_t index) {
 
 zf_column_state Engine::host_state(Matrix& m, bool with_master) {
   zf_column_state s{};
-  const int64_t shape[2] = {m.cols, m.rows};
+  const int64_t shape[2] = {m.own_cols, m.rows};
   auto tensor = [&](void* data, zf_dtype dtype, int ndim, const int64_t* dims) {
     zf_tensor t{};
     t.data = data;
@@ -463,7 +475,7 @@ void Engine::wait_job(const std::shared_ptr<WorkJob>& job, double* stall) {
         std::string("engine host lane failed (the engine refuses steps until it loads a state): ") + e.what();
   }
   if (stall != nullptr) *stall += seconds_since(start);
-  check_usable();
+  if (!in_parallel_step_) check_usable();
 }
 
 void Engine::check_grad(const zf_tensor& grad, size_t index) const {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,9 +54,14 @@ class Engine {
 
   std::vector<zf_engine_state_entry> state_layout() const;
   void save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale);
+  void check_save_arguments(const zf_tensor* buffers, size_t count, const int64_t* counters, const double* loss_scale);
+  void write_state(const zf_tensor* buffers, int64_t* counters, double* loss_scale);
   void load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale);
 
   void set_stream(zf_stream stream) { backend_->set_stream(stream); }
+  // Data parallel (parallel.cpp): rank `rank` of `world_size`; before device memory and the
+  // first step.
+  void set_collectives(const zf_engine_collectives* collectives);
 
   // Testing: the next host-lane chunk throws with `message`.
   void inject_host_lane_fault_for_testing(const std::string& message) { lane_->inject_fault_for_testing(message); }
@@ -107,6 +113,15 @@ class Engine {
     size_t bucket = 0;
     size_t upload_offset = 0;  // bytes into U (this matrix's packed columns, param dtype)
     ColumnStepPlan update_plan;
+    // The columns this rank owns, [own_lo, own_lo + own_cols): all of them on one engine. The
+    // host state covers only them ([own_cols, rows]); own_selected are the selected ones among
+    // them, minus own_lo (the host plans' indices).
+    int64_t own_lo = 0, own_cols = 0;
+    std::vector<int32_t> own_selected;
+    // Data parallel, device lists: the unselected columns (the selected ones' pack skips
+    // them), and per rank q a skip list of every column outside q's deferred chunk (n i32 each).
+    size_t dev_deferred = 0, dev_rank_skip = 0;
+    std::vector<int64_t> rank_skip_count;
   };
   struct Dense {
     size_t param;
@@ -116,7 +131,8 @@ class Engine {
   struct Bucket {
     size_t first, last;  // matrices [first, last)
     zf_dtype dtype;
-    size_t max_bytes;  // packed bytes with nothing selected
+    size_t max_bytes;      // packed bytes with nothing selected (all ranks: it decides the buckets)
+    size_t own_max_bytes;  // the same for this rank's columns (its staging slot and U)
     size_t upload_offset;
     std::unique_ptr<PackPlan> pack;
     AccumulatePlan accumulate;
@@ -124,7 +140,16 @@ class Engine {
     size_t early_slot = 0;                                    // the staging slot it took at submit (split steps)
     std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
     std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
-    std::vector<const int32_t*> selected_ptrs;                // device copies of the selections
+    std::vector<const int32_t*> selected_ptrs;                // device: what `pack` skips
+    // Data parallel: rank q's deferred chunk of the bucket (rank_pack[q]), the selected columns
+    // (selected_pack, skipping the deferred ones) and every column (whole_pack), with their
+    // device skip lists; chunk_elements: the chunk every rank pads to (the same on all ranks).
+    std::vector<std::unique_ptr<PackPlan>> rank_pack;
+    std::unique_ptr<PackPlan> selected_pack, whole_pack;
+    std::vector<std::vector<const int32_t*>> rank_skip_ptrs;
+    std::vector<const int32_t*> deferred_ptrs, no_skip_ptrs;
+    size_t max_chunk_elements = 0;  // the largest chunk of any rank with nothing selected
+    size_t chunk_elements = 0, selected_elements = 0, deferred_elements = 0;  // current selection, all ranks
   };
 
   // engine.cpp
@@ -167,6 +192,7 @@ class Engine {
   void start_update();
   void finish_update(double* stall);
   void flush_internal();
+  void flush_on_every_rank();
   void window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted);
   void fail_sticky(zf_status status, const std::string& message);
   // Non-finite flags: one slot per parameter (a statistics pass writes the slot of its first).
@@ -174,6 +200,24 @@ class Engine {
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
+  // parallel.cpp (data parallel; each a no-op on one engine)
+  bool parallel() const { return world_ > 1; }
+  void set_ownership();
+  size_t parallel_memory(size_t offset);
+  void upload_selection(Matrix& m);
+  // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
+  // whether any failed: a local failure is rethrown, another rank's raises naming it.
+  void agree(const std::function<void()>& checks);
+  void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
+  void reduce_gradients(const zf_tensor* grads, bool whole);
+  void share_statistics();
+  void gather_upload(Bucket& b, double* ignored);
+  // Sums `array_count` float arrays of `floats_each` and `steps` over the ranks (selection).
+  void share_entering_columns(float* const* arrays, size_t array_count, size_t floats_each, int32_t* steps,
+                              size_t steps_count);
+  void all_reduce(void* data, size_t count, zf_dtype dtype, int64_t* bytes);
+  void collective_failed(const char* what, zf_status status);
+  double gradient_divisor() const { return loss_scale_ * static_cast<double>(world_); }
   // selection.cpp
   void select_columns();
   void exchange_columns(Matrix& m, const std::vector<int32_t>& new_selected);
@@ -255,6 +299,15 @@ class Engine {
   bool sticky_ = false;
   zf_status sticky_status_ = ZF_SUCCESS;
   std::string sticky_message_;
+
+  // data parallel
+  zf_engine_collectives comm_{};
+  int world_ = 1, rank_ = 0;
+  bool in_parallel_step_ = false;  // mid-step: a host-lane failure waits for the next agreement
+  bool update_pending_ = false;    // a host update was started whose upload has not run
+  size_t reduce_offset_ = 0, reduce_bytes_ = 0, shard_offset_ = 0, shard_bytes_ = 0, health_offset_ = 0,
+         exchange_offset_ = 0, exchange_bytes_ = 0, lists_offset_ = 0;
+  int64_t collective_stats_bytes_ = 0, collective_gradient_bytes_ = 0, collective_upload_bytes_ = 0;
 
   // stats
   int64_t windows_ = 0, reselections_ = 0, skipped_steps_ = 0, bytes_down_ = 0, bytes_up_ = 0;

@@ -158,6 +158,10 @@ ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream) {
   return zf::api_call([&] { get(engine).set_stream(stream); });
 }
 
+ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_collectives* collectives) {
+  return zf::api_call([&] { get(engine).set_collectives(collectives); });
+}
+
 ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_t count, const double* lrs,
                                 size_t lr_count) {
   return zf::api_call([&] { get(engine).step(grads, count, lrs, lr_count); });

@@ -37,13 +37,34 @@ struct ColumnList {
         exp_avg(master.size()),
         exp_avg_sq(master.size()),
         steps(static_cast<size_t>(count)) {}
-  zf_column_state state(int64_t count, int64_t rows, bool with_master) {
-    return zf_column_state{
-        with_master ? host_tensor(master.data(), ZF_DTYPE_F32, {count, rows}) : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
-        host_tensor(exp_avg.data(), ZF_DTYPE_F32, {count, rows}),
-        host_tensor(exp_avg_sq.data(), ZF_DTYPE_F32, {count, rows}), host_tensor(steps.data(), ZF_DTYPE_I32, {count})};
+  zf_column_state state(int64_t count, int64_t rows, bool with_master) { return state_at(0, count, rows, with_master); }
+  // Columns [first, first + count) of the list.
+  zf_column_state state_at(int64_t first, int64_t count, int64_t rows, bool with_master) {
+    const size_t at = static_cast<size_t>(first * rows);
+    return zf_column_state{with_master ? host_tensor(master.data() + at, ZF_DTYPE_F32, {count, rows})
+                                       : host_tensor(nullptr, ZF_DTYPE_F32, {0}),
+                           host_tensor(exp_avg.data() + at, ZF_DTYPE_F32, {count, rows}),
+                           host_tensor(exp_avg_sq.data() + at, ZF_DTYPE_F32, {count, rows}),
+                           host_tensor(steps.data() + first, ZF_DTYPE_I32, {count})};
   }
 };
+
+// The entries of an ascending column list that fall in [lo, lo + count): a contiguous run of
+// the list, from `first`, and those columns minus lo.
+struct OwnedRun {
+  int64_t first = 0, count = 0;
+  std::vector<int32_t> local;
+};
+
+OwnedRun owned_run(const std::vector<int32_t>& columns, int64_t lo, int64_t count) {
+  OwnedRun run;
+  const auto begin = std::lower_bound(columns.begin(), columns.end(), lo);
+  const auto end = std::lower_bound(begin, columns.end(), lo + count);
+  run.first = begin - columns.begin();
+  run.count = end - begin;
+  for (auto it = begin; it != end; ++it) run.local.push_back(static_cast<int32_t>(*it - lo));
+  return run;
+}
 
 }  // namespace
 
@@ -83,13 +104,22 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   const std::vector<int32_t> entering = difference(next, old), leaving = difference(old, next);
   const auto rows = m.rows, k_old = static_cast<int64_t>(old.size()), k_new = static_cast<int64_t>(next.size());
   const auto n_enter = static_cast<int64_t>(entering.size()), n_leave = static_cast<int64_t>(leaving.size());
-  // Entering columns: their host state, gathered into a list.
+  // Entering columns: their host state, gathered into a list. Each rank holds the host state
+  // of its own columns, a contiguous run of the list; data parallel, the list is then summed
+  // over the ranks (every entry comes from one rank, zeros from the others).
   ColumnList enter_list(n_enter, rows), leave_list(n_leave, rows);
   zf_column_state enter_state = enter_list.state(n_enter, rows, m.has_master);
-  const zf_tensor entering_t = host_tensor(entering.data(), ZF_DTYPE_I32, {n_enter});
-  if (n_enter > 0) {
+  const OwnedRun enter_run = owned_run(entering, m.own_lo, m.own_cols);
+  if (enter_run.count > 0) {
     const zf_column_state host = host_state(m, m.has_master);
-    check_call(zf_cpu_gather_columns(&host, &entering_t, 1, &enter_state), "selection: gather of entering columns");
+    const zf_tensor local_t = host_tensor(enter_run.local.data(), ZF_DTYPE_I32, {enter_run.count});
+    zf_column_state run_state = enter_list.state_at(enter_run.first, enter_run.count, rows, m.has_master);
+    check_call(zf_cpu_gather_columns(&host, &local_t, 1, &run_state), "selection: gather of entering columns");
+  }
+  if (parallel() && n_enter > 0) {
+    float* arrays[3] = {enter_list.exp_avg.data(), enter_list.exp_avg_sq.data(), enter_list.master.data()};
+    share_entering_columns(arrays, m.has_master ? 3 : 2, static_cast<size_t>(n_enter * rows), enter_list.steps.data(),
+                           static_cast<size_t>(n_enter));
   }
   // The device side: the compact state comes to the host, the exchange runs on the host (out
   // of place: the old and new compact layouts differ), and the new state goes back. It is
@@ -128,13 +158,18 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
       const int32_t* selected = others.data();
       plan.run(backend_->host_pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
     }
-    const zf_column_state leave_full = leave_list.state(n_leave, rows, true);
-    const zf_column_state host = host_state(m, true);
-    const zf_tensor leaving_t = host_tensor(leaving.data(), ZF_DTYPE_I32, {n_leave});
-    check_call(zf_cpu_scatter_columns(&leave_full, &leaving_t, 1, &host), "selection: scatter of leaving columns");
+    // Every rank has the leaving columns (the device state is the same on all); each keeps
+    // its own.
+    const OwnedRun leave_run = owned_run(leaving, m.own_lo, m.own_cols);
+    if (leave_run.count > 0) {
+      const zf_column_state leave_part = leave_list.state_at(leave_run.first, leave_run.count, rows, true);
+      const zf_column_state host = host_state(m, true);
+      const zf_tensor local_t = host_tensor(leave_run.local.data(), ZF_DTYPE_I32, {leave_run.count});
+      check_call(zf_cpu_scatter_columns(&leave_part, &local_t, 1, &host), "selection: scatter of leaving columns");
+    }
   }
   m.selected = next;
-  upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
+  upload_selection(m);
 }
 
 void Engine::rebuild_plans() {
@@ -156,7 +191,9 @@ void Engine::rebuild_plans() {
   }
   device_plan_ = std::make_unique<AdamwSelectedPlan>(std::move(device), hparams_);
   for (Bucket& b : buckets_) {
-    PackedLayout layout;
+    // The host side sees this rank's columns as the matrix (all of them on one engine): the
+    // accumulators, the host update and the staging slot's layout.
+    PackedLayout layout, device_layout;
     std::vector<zf_dtype> dtypes;
     const size_t count = b.last - b.first;
     b.selected_tensors.clear();
@@ -165,13 +202,24 @@ void Engine::rebuild_plans() {
     b.acc_tensors[1].clear();
     for (size_t i = b.first; i < b.last; ++i) {
       Matrix& m = matrices_[i];
-      const auto k = static_cast<int64_t>(m.selected.size());
-      layout.add(m.rows, m.cols, k);
+      const auto own_k = static_cast<int64_t>(m.own_selected.size());
+      layout.add(m.rows, m.own_cols, own_k);
       dtypes.push_back(b.dtype);
-      b.selected_tensors.push_back(host_tensor(m.selected.data(), ZF_DTYPE_I32, {k}));
-      b.selected_ptrs.push_back(k > 0 ? device_int(m.dev_selected) : nullptr);
+      b.selected_tensors.push_back(host_tensor(m.own_selected.data(), ZF_DTYPE_I32, {own_k}));
       for (int a = 0; a < 2; ++a)
-        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.cols, m.rows}));
+        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.own_cols, m.rows}));
+      // The device pack of this rank's deferred columns skips the selected ones (one engine)
+      // or every column outside this rank's chunk (data parallel): the same packed layout.
+      if (parallel()) {
+        const int64_t skip = m.rank_skip_count[static_cast<size_t>(rank_)];
+        device_layout.add(m.rows, m.cols, skip);
+        b.selected_ptrs.push_back(skip > 0 ? device_int(m.dev_rank_skip) + static_cast<size_t>(rank_ * m.cols)
+                                           : nullptr);
+      } else {
+        const auto k = static_cast<int64_t>(m.selected.size());
+        device_layout.add(m.rows, m.cols, k);
+        b.selected_ptrs.push_back(k > 0 ? device_int(m.dev_selected) : nullptr);
+      }
     }
     const size_t element = zf_dtype_size(b.dtype);
     b.packed_bytes = static_cast<size_t>(layout.total()) * element;
@@ -188,8 +236,9 @@ void Engine::rebuild_plans() {
     }
     const zf_tensor packed = host_tensor(host_slots_.data() + kSlotHeaderBytes, b.dtype, {layout.total()});
     b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
-    b.pack = std::make_unique<PackPlan>(std::move(layout), std::move(dtypes), b.dtype);
+    b.pack = std::make_unique<PackPlan>(std::move(device_layout), dtypes, b.dtype);
     b.matrix_tensors.assign(count, zf_tensor{});
+    if (parallel()) rebuild_parallel_plans(b, dtypes);
   }
 }
 

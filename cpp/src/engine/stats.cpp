@@ -22,7 +22,7 @@ zf_engine_stats Engine::stats() const {
     selected += static_cast<int64_t>(m.selected.size());
     columns += m.cols;
     // master, m, v, two accumulators (fp32) and the step counts
-    host_bytes += 5 * 4 * m.rows * m.cols + 4 * m.cols;
+    host_bytes += 5 * 4 * m.rows * m.own_cols + 4 * m.own_cols;  // this rank's columns
   }
   s.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
@@ -30,6 +30,9 @@ zf_engine_stats Engine::stats() const {
   s.stall_seconds_readback = stall_readback_;
   s.device_bytes = static_cast<int64_t>(device_bytes_);
   s.pinned_host_bytes = static_cast<int64_t>(upload_.size() + host_slots_.size() + scalar_records_.size());
+  s.collective_bytes_statistics = collective_stats_bytes_;
+  s.collective_bytes_gradients = collective_gradient_bytes_;
+  s.collective_bytes_upload = collective_upload_bytes_;
   return s;
 }
 

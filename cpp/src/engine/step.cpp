@@ -19,13 +19,15 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // ---- the step ----
 
 void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
-  require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "step: a split step (begin_step) is open");
-  poll_host_lane();
-  require(count == params_.size(), ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", params_.size(),
-          " parameters");
-  require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
-  for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
-  check_lrs(lrs, lr_count);
+  agree([&] {
+    require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "step: a split step (begin_step) is open");
+    poll_host_lane();
+    require(count == params_.size(), ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", params_.size(),
+            " parameters");
+    require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+    for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
+    check_lrs(lrs, lr_count);
+  });
   run_step(grads, lrs, false);
 }
 
@@ -39,9 +41,10 @@ void Engine::begin_step(const double* lrs, size_t lr_count) {
   submitted_.assign(params_.size(), zf_tensor{});
   submitted_flags_.assign(params_.size(), 0);
   // A selection step needs every column sum before anything is packed: its work waits for
-  // end_step. Any other step starts at submit (the schedule is not advanced by a peek).
+  // end_step. Any other step starts at submit (the schedule is not advanced by a peek); a
+  // data-parallel one at end_step, where its gradients are reduced.
   Schedule peek = schedule_;
-  early_ = !peek.begin_step().select;
+  early_ = !peek.begin_step().select && !parallel();
   if (early_) {
     backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
     bucket_pending_.assign(buckets_.size(), 0);
@@ -91,10 +94,12 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
 }
 
 void Engine::end_step() {
-  require(in_split_step_, ZF_ERROR_INVALID_VALUE, "end_step: no split step is open (call begin_step)");
-  for (size_t i = 0; i < params_.size(); ++i)
-    require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", i,
-            " was not submitted (the split step stays open)");
+  agree([&] {
+    require(in_split_step_, ZF_ERROR_INVALID_VALUE, "end_step: no split step is open (call begin_step)");
+    for (size_t i = 0; i < params_.size(); ++i)
+      require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", i,
+              " was not submitted (the split step stays open)");
+  });
   in_split_step_ = false;
   run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_);
 }
@@ -254,7 +259,7 @@ void Engine::consume_scalars(size_t count) {
                       ", found after the step on the device: the step wrote nothing, but the engine's schedule "
                       "moved on, so the engine refuses steps until it loads a state");
     }
-    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / loss_scale_;
+    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / gradient_divisor();
   }
 }
 
@@ -268,13 +273,19 @@ const float* Engine::col_sq_on_host(double* stall) {
 }
 
 void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done) {
+  // Data parallel: a host-lane failure found mid-step is raised at the next agreement, where
+  // every rank learns of it (the ranks are in the middle of the step's collectives).
+  in_parallel_step_ = parallel();
   try {
     run_step_unguarded(grads, lrs, stats_done);
     cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+    in_parallel_step_ = false;
   } catch (const std::bad_alloc&) {
+    in_parallel_step_ = false;
     cancel_early_buckets();
     throw;
   } catch (const Error& e) {
+    in_parallel_step_ = false;
     cancel_early_buckets();  // a failed step: its early copies are never accumulated
     // A device that failed mid-step leaves the step half done: refuse further steps.
     if (e.status() == ZF_ERROR_CUDA && !sticky_) {
@@ -294,14 +305,23 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
   // squares and a non-finite flag per pass; then the total, the gradient scale and the skip
   // flag, on the device.
   StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  // Data parallel: the gradients are reduced first (every column at a selection step), and
+  // the statistics are of the reduced gradient, shared by every rank.
+  if (parallel()) {
+    Schedule peek = schedule_;
+    reduce_gradients(grads, peek.begin_step().select);
+  }
   if (!stats_done) {
     backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
     backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
                            device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
   }
+  if (parallel()) share_statistics();
+  // The gradient is the ranks' sum: the divisor is the loss scale times the world size.
   backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
                          device_int(flags_offset_), static_cast<int64_t>(flag_count()),
-                         reinterpret_cast<double*>(device_ + chunk_sums_offset_), loss_scale_, config_.max_grad_norm);
+                         reinterpret_cast<double*>(device_ + chunk_sums_offset_), gradient_divisor(),
+                         config_.max_grad_norm);
   // 2. what the host needs of them
   if (read_scalars_now()) {
     const StepScalars s = readback_scalars(&stall_readback_);
@@ -312,10 +332,14 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
         growth_tracker_ = 0;
         return;
       }
+      if (parallel())
+        fail(ZF_ERROR_INVALID_VALUE,
+             "grads: a non-finite gradient (Inf or NaN) after the reduction over the ranks; the step was skipped "
+             "and nothing was written but the gradients (reduced in place)");
       fail(ZF_ERROR_INVALID_VALUE, "grads[", find_nonfinite(grads),
            "]: non-finite gradient (Inf or NaN); the step was skipped and nothing was written");
     }
-    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / loss_scale_;
+    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / gradient_divisor();
   } else {
     record_scalars_for_later();
   }
@@ -434,8 +458,10 @@ void Engine::start_update() {
   std::vector<WorkQueue::Chunk> chunks;
   const int acc = acc_current_;
   const float scale = 1.0f / static_cast<float>(steps_accumulated_);
+  bool any_deferred = false;
   for (Matrix& m : matrices_) {
-    if (m.selected.size() == static_cast<size_t>(m.cols)) continue;
+    any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
+    if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
     const size_t group = static_cast<size_t>(params_[m.param].group);
     const double lr = last_lr_[group];
     const double wd = groups_[group].weight_decay;
@@ -455,14 +481,26 @@ void Engine::start_update() {
   }
   acc_current_ ^= 1;
   steps_accumulated_ = 0;
+  // Data parallel: a rank with no deferred column of its own still joins the all-gathers.
+  update_pending_ = parallel() ? any_deferred : !chunks.empty();
   if (!chunks.empty()) inflight_ = lane_->submit_update(std::move(chunks));
 }
 
 void Engine::finish_update(double* stall) {
-  if (!inflight_) return;
-  auto job = std::move(inflight_);
-  inflight_.reset();
-  wait_job(job, stall);
+  if (!update_pending_) return;
+  update_pending_ = false;
+  if (inflight_) {
+    auto job = std::move(inflight_);
+    inflight_.reset();
+    wait_job(job, stall);
+  }
+  if (parallel()) {
+    for (Bucket& b : buckets_) {
+      if (b.deferred_elements > 0) gather_upload(b, stall);
+    }
+    uploads_done_ = backend_->record(Lane::kUp);
+    return;
+  }
   // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
   // upload buffer), then scatter into W[:, unselected] after the copy.
   uint8_t* device_upload = device_ + upload_buffer_offset_;
@@ -514,10 +552,25 @@ void Engine::flush_internal() {
 }
 
 void Engine::flush() {
-  require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "flush: a split step is open");
-  poll_host_lane();
+  agree([&] {
+    require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "flush: a split step is open");
+    poll_host_lane();
+  });
   if (!initialized_) return;
-  flush_internal();
+  flush_on_every_rank();
+}
+
+void Engine::flush_on_every_rank() {
+  // Data parallel, the flush's all-gathers run on every rank: a host-lane failure found in
+  // it waits for the next agreement, as in a step.
+  in_parallel_step_ = parallel();
+  try {
+    flush_internal();
+  } catch (...) {
+    in_parallel_step_ = false;
+    throw;
+  }
+  in_parallel_step_ = false;
 }
 
 }  // namespace zf

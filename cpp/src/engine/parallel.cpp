@@ -1,0 +1,362 @@
+// Data parallel (zenflow/engine.h, docs/design.md section 10): the engine as one of N ranks.
+// Ownership: rank r owns columns [r*n/N, (r+1)*n/N) of each matrix; its host state, staging
+// slots and U cover those columns only. Each step:
+//   1. the gradients are reduced in place: the dense parameters and the selected columns
+//      all-reduced, the deferred columns reduce-scattered (rank q's chunk, then scattered back
+//      into the gradient), or, at a selection step, every column all-reduced;
+//   2. each rank's column sums cover the columns it owns (the others are zeroed) and are
+//      all-reduced with the non-finite flags: every rank sees the same sums, so the same norm,
+//      top-k and window schedule;
+//   3. the host update's result goes up as this rank's chunk and is all-gathered, then every
+//      rank's chunk is scattered into the weights.
+// On one engine (world 1) every function here is a no-op or the one-engine case.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/engine.hpp"
+
+namespace zf {
+namespace {
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t chunk_lo(int64_t cols, int rank, int world) { return cols * rank / world; }
+
+}  // namespace
+
+void Engine::set_collectives(const zf_engine_collectives* c) {
+  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+          "collectives: set before the device memory is attached and before the first step or load");
+  if (c != nullptr && c->world_size != 1) {
+    require(c->world_size >= 1, ZF_ERROR_INVALID_VALUE, "collectives.world_size: must be >= 1, got ", c->world_size);
+    require(c->rank >= 0 && c->rank < c->world_size, ZF_ERROR_INVALID_VALUE, "collectives.rank: ", c->rank,
+            " is not in [0, ", c->world_size, ")");
+    require(c->all_reduce_sum != nullptr && c->reduce_scatter_sum != nullptr && c->all_gather != nullptr,
+            ZF_ERROR_INVALID_VALUE, "collectives: all_reduce_sum, reduce_scatter_sum and all_gather must not be NULL");
+  } else if (c != nullptr) {
+    require(c->rank == 0, ZF_ERROR_INVALID_VALUE, "collectives.rank: ", c->rank, " is not in [0, 1)");
+  }
+  comm_ = c != nullptr ? *c : zf_engine_collectives{};
+  world_ = c != nullptr ? c->world_size : 1;
+  rank_ = c != nullptr ? c->rank : 0;
+  // Re-plan the host buffers and device memory for this rank's columns; nothing uses them yet.
+  const int lane_threads = lane_->threads();
+  lane_.reset();
+  host_slots_ = PinnedBuffer();
+  upload_ = PinnedBuffer();
+  scalar_records_ = PinnedBuffer();
+  buckets_.clear();
+  set_ownership();
+  setup_buckets_and_memory();
+  lane_ = std::make_unique<HostLane>(lane_threads);
+}
+
+void Engine::set_ownership() {
+  for (Matrix& m : matrices_) {
+    m.own_lo = chunk_lo(m.cols, rank_, world_);
+    m.own_cols = chunk_lo(m.cols, rank_ + 1, world_) - m.own_lo;
+    m.own_selected.clear();
+    m.rank_skip_count.assign(static_cast<size_t>(world_), 0);
+  }
+}
+
+size_t Engine::parallel_memory(size_t offset) {
+  reduce_offset_ = reduce_bytes_ = shard_offset_ = shard_bytes_ = health_offset_ = 0;
+  exchange_offset_ = exchange_bytes_ = lists_offset_ = 0;
+  if (!parallel()) return offset;
+  auto take = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset += align256(bytes);
+    return at;
+  };
+  // Per matrix: the deferred list (n i32) and one skip list per rank (n i32 each).
+  size_t lists = 0;
+  for (Matrix& m : matrices_) {
+    m.dev_deferred = lists;
+    m.dev_rank_skip = lists + static_cast<size_t>(m.cols) * 4;
+    lists += static_cast<size_t>(m.cols) * 4 * static_cast<size_t>(1 + world_);
+  }
+  lists_offset_ = take(lists);
+  for (Matrix& m : matrices_) {
+    m.dev_deferred += lists_offset_;
+    m.dev_rank_skip += lists_offset_;
+  }
+  // The reduction scratch holds a whole bucket as world chunks (the largest any rank gets with
+  // nothing selected, padded), or a run of dense gradients; the shard one chunk.
+  size_t dense_bytes = 0;
+  for (const Dense& d : dense_) {
+    const Param& p = params_[d.param];
+    dense_bytes += static_cast<size_t>(p.numel) * zf_dtype_size(p.tensor.dtype);
+  }
+  reduce_bytes_ = std::min(dense_bytes, std::max<size_t>(config_.bucket_bytes, 1 << 20));
+  for (Bucket& b : buckets_) {
+    b.max_chunk_elements = 0;
+    for (int q = 0; q < world_; ++q) {
+      size_t elements = 0;
+      for (size_t i = b.first; i < b.last; ++i) {
+        const Matrix& m = matrices_[i];
+        elements += static_cast<size_t>(m.rows * (chunk_lo(m.cols, q + 1, world_) - chunk_lo(m.cols, q, world_)));
+      }
+      b.max_chunk_elements = std::max(b.max_chunk_elements, elements);
+    }
+    const size_t element = zf_dtype_size(b.dtype);
+    reduce_bytes_ = std::max(reduce_bytes_, b.max_chunk_elements * element * static_cast<size_t>(world_));
+    shard_bytes_ = std::max(shard_bytes_, b.max_chunk_elements * element);
+  }
+  reduce_offset_ = take(reduce_bytes_);
+  shard_offset_ = take(shard_bytes_);
+  health_offset_ = take(static_cast<size_t>(world_) * 4);
+  for (const Matrix& m : matrices_) exchange_bytes_ = std::max(exchange_bytes_, m.compact_bytes);
+  exchange_offset_ = take(exchange_bytes_);
+  return offset;
+}
+
+void Engine::upload_selection(Matrix& m) {
+  // The host's view of the selection (this rank's columns), then the device lists.
+  m.own_selected.clear();
+  for (int32_t j : m.selected)
+    if (j >= m.own_lo && j < m.own_lo + m.own_cols) m.own_selected.push_back(static_cast<int32_t>(j - m.own_lo));
+  upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
+  if (!parallel()) return;
+  const auto cols = static_cast<size_t>(m.cols);
+  std::vector<uint8_t> is_selected(cols, 0);
+  for (int32_t j : m.selected) is_selected[static_cast<size_t>(j)] = 1;
+  std::vector<int32_t> lists(cols * static_cast<size_t>(1 + world_), 0);
+  size_t deferred = 0;
+  for (size_t j = 0; j < cols; ++j)
+    if (!is_selected[j]) lists[deferred++] = static_cast<int32_t>(j);
+  for (int q = 0; q < world_; ++q) {
+    const int64_t lo = chunk_lo(m.cols, q, world_), hi = chunk_lo(m.cols, q + 1, world_);
+    int32_t* skip = lists.data() + cols * static_cast<size_t>(1 + q);
+    size_t count = 0;
+    for (size_t j = 0; j < cols; ++j) {
+      const auto column = static_cast<int64_t>(j);
+      if (column < lo || column >= hi || is_selected[j]) skip[count++] = static_cast<int32_t>(j);
+    }
+    m.rank_skip_count[static_cast<size_t>(q)] = static_cast<int64_t>(count);
+  }
+  upload(device_ + m.dev_deferred, lists.data(), lists.size() * 4);
+}
+
+void Engine::rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes) {
+  const size_t count = b.last - b.first;
+  b.rank_pack.clear();
+  b.rank_skip_ptrs.assign(static_cast<size_t>(world_), {});
+  b.chunk_elements = 0;
+  for (int q = 0; q < world_; ++q) {
+    PackedLayout layout;
+    for (size_t i = b.first; i < b.last; ++i) {
+      const Matrix& m = matrices_[i];
+      const int64_t skip = m.rank_skip_count[static_cast<size_t>(q)];
+      layout.add(m.rows, m.cols, skip);
+      b.rank_skip_ptrs[static_cast<size_t>(q)].push_back(
+          skip > 0 ? device_int(m.dev_rank_skip) + static_cast<size_t>(q) * static_cast<size_t>(m.cols) : nullptr);
+    }
+    b.chunk_elements = std::max(b.chunk_elements, static_cast<size_t>(layout.total()));
+    b.rank_pack.push_back(std::make_unique<PackPlan>(std::move(layout), dtypes, b.dtype));
+  }
+  PackedLayout selected_layout, whole_layout;
+  b.deferred_ptrs.clear();
+  b.no_skip_ptrs.assign(count, nullptr);
+  for (size_t i = b.first; i < b.last; ++i) {
+    const Matrix& m = matrices_[i];
+    const auto deferred = m.cols - static_cast<int64_t>(m.selected.size());
+    selected_layout.add(m.rows, m.cols, deferred);
+    b.deferred_ptrs.push_back(deferred > 0 ? device_int(m.dev_deferred) : nullptr);
+    whole_layout.add(m.rows, m.cols, 0);
+  }
+  b.selected_elements = static_cast<size_t>(selected_layout.total());
+  b.deferred_elements = static_cast<size_t>(whole_layout.total()) - b.selected_elements;
+  b.selected_pack = std::make_unique<PackPlan>(std::move(selected_layout), dtypes, b.dtype);
+  b.whole_pack = std::make_unique<PackPlan>(std::move(whole_layout), dtypes, b.dtype);
+}
+
+// ---- collectives ----
+
+void Engine::collective_failed(const char* what, zf_status status) {
+  const char* detail = comm_.last_error != nullptr ? comm_.last_error(comm_.user) : nullptr;
+  fail_sticky(status == ZF_SUCCESS ? ZF_ERROR_INTERNAL : status,
+              std::string("engine collective ") + what + " failed on rank " + std::to_string(rank_) + " of " +
+                  std::to_string(world_) + (detail != nullptr && *detail ? std::string(": ") + detail : "") +
+                  " (the engine refuses steps until it loads a state)");
+}
+
+void Engine::all_reduce(void* data, size_t count, zf_dtype dtype, int64_t* bytes) {
+  if (count == 0) return;
+  const zf_status status = comm_.all_reduce_sum(comm_.user, data, count, dtype, backend_->compute_stream());
+  if (status != ZF_SUCCESS) collective_failed("all_reduce_sum", status);
+  *bytes += static_cast<int64_t>(count * zf_dtype_size(dtype));
+}
+
+void Engine::agree(const std::function<void()>& checks) {
+  if (!parallel()) {
+    checks();
+    return;
+  }
+  // Every rank reaches this point in the same call: the flags say who failed and whether the
+  // failure is sticky (2) or a refused call (1), so the others raise alike and nobody waits in
+  // a collective a failed rank will not join.
+  std::exception_ptr local;
+  int32_t local_flag = 0;
+  try {
+    checks();
+  } catch (...) {
+    local = std::current_exception();
+    local_flag = sticky_ ? 2 : 1;
+  }
+  ensure_device_memory();
+  std::vector<int32_t> flags(static_cast<size_t>(world_), 0);
+  flags[static_cast<size_t>(rank_)] = local_flag;
+  const auto start = std::chrono::steady_clock::now();
+  upload(device_ + health_offset_, flags.data(), flags.size() * 4);
+  all_reduce(device_ + health_offset_, flags.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  download(flags.data(), device_ + health_offset_, flags.size() * 4);
+  if (!backend_->host_visible())
+    stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (local) std::rethrow_exception(local);
+  std::string failed;
+  bool sticky = false;
+  for (int q = 0; q < world_; ++q) {
+    if (flags[static_cast<size_t>(q)] == 0) continue;
+    failed += (failed.empty() ? "" : ", ") + std::to_string(q);
+    sticky = sticky || flags[static_cast<size_t>(q)] >= 2;
+  }
+  if (failed.empty()) return;
+  const std::string message = "data parallel: rank(s) " + failed + " of " + std::to_string(world_) +
+                              " failed in this call (see their error); rank " + std::to_string(rank_) +
+                              " stops with them" + (sticky ? " (the engine refuses steps until it loads a state)" : "");
+  if (sticky) fail_sticky(ZF_ERROR_INVALID_VALUE, message);
+  throw Error(ZF_ERROR_INVALID_VALUE, message);
+}
+
+void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
+  uint8_t* scratch = device_ + reduce_offset_;
+  // Dense gradients: consecutive ones of one dtype share an all-reduce through the scratch;
+  // a larger one goes in pieces.
+  struct Piece {
+    void* grad;
+    size_t at, bytes;
+  };
+  std::vector<Piece> run;
+  size_t used = 0;
+  zf_dtype run_dtype = ZF_DTYPE_F32;
+  auto flush_run = [&]() {
+    if (run.empty()) return;
+    all_reduce(scratch, used / zf_dtype_size(run_dtype), run_dtype, &collective_gradient_bytes_);
+    for (const Piece& piece : run) backend_->copy_device(piece.grad, scratch + piece.at, piece.bytes);
+    run.clear();
+    used = 0;
+  };
+  for (const Dense& d : dense_) {
+    const Param& p = params_[d.param];
+    const zf_dtype dtype = p.tensor.dtype;
+    const size_t element = zf_dtype_size(dtype);
+    const size_t capacity = reduce_bytes_ / element * element;
+    auto* grad = static_cast<uint8_t*>(grads[d.param].data);
+    size_t bytes = static_cast<size_t>(p.numel) * element;
+    if (dtype != run_dtype) flush_run();
+    run_dtype = dtype;
+    while (bytes > 0) {
+      if (used == capacity) flush_run();
+      const size_t piece = std::min(bytes, capacity - used);
+      backend_->copy_device(scratch + used, grad, piece);
+      run.push_back(Piece{grad, used, piece});
+      used += piece;
+      grad += piece;
+      bytes -= piece;
+    }
+  }
+  flush_run();
+  // Matrices, bucket by bucket, through the scratch.
+  for (Bucket& b : buckets_) {
+    const size_t element = zf_dtype_size(b.dtype);
+    for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
+    if (whole) {
+      backend_->pack(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
+      all_reduce(scratch, b.selected_elements + b.deferred_elements, b.dtype, &collective_gradient_bytes_);
+      backend_->scatter(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
+      continue;
+    }
+    if (b.selected_elements > 0) {
+      backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+      all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
+      backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+    }
+    if (b.deferred_elements > 0) {
+      for (int q = 0; q < world_; ++q)
+        backend_->pack(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
+                       b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
+                       scratch + static_cast<size_t>(q) * b.chunk_elements * element);
+      uint8_t* shard = device_ + shard_offset_;
+      const zf_status status =
+          comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
+      if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
+      collective_gradient_bytes_ += static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_));
+      backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), shard);
+    }
+  }
+}
+
+void Engine::share_statistics() {
+  // Each column's sum counts once: from the rank owning it (its reduced gradient is there);
+  // the dense parameters' from rank 0 (every rank has them reduced). x + 0 is exact, so the
+  // all-reduced sums are the owners' bits, on every rank.
+  float* col_sq = device_float(col_sq_offset_);
+  for (const Param& p : params_) {
+    if (p.matrix) {
+      const Matrix& m = matrices_[p.index];
+      backend_->fill_device_zero(col_sq, static_cast<size_t>(m.own_lo) * 4);
+      const int64_t hi = m.own_lo + m.own_cols;
+      backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
+    } else if (rank_ != 0) {
+      backend_->fill_device_zero(col_sq, static_cast<size_t>(p.cols) * 4);
+    }
+    col_sq += p.cols;
+  }
+  all_reduce(device_ + col_sq_offset_, col_sq_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
+  all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
+}
+
+void Engine::gather_upload(Bucket& b, double* ignored) {
+  (void)ignored;
+  // This rank's chunk goes up into the shard buffer (after the compute lane's last use of it),
+  // is all-gathered into the scratch, and every rank's chunk is scattered into the weights.
+  const size_t element = zf_dtype_size(b.dtype);
+  uint8_t* shard = device_ + shard_offset_;
+  uint8_t* scratch = device_ + reduce_offset_;
+  if (b.packed_bytes > 0) {
+    backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
+    backend_->copy_up(shard, upload_.data() + b.upload_offset, b.packed_bytes);
+    backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
+    bytes_up_ += static_cast<int64_t>(b.packed_bytes);
+  }
+  const zf_status status =
+      comm_.all_gather(comm_.user, shard, scratch, b.chunk_elements, b.dtype, backend_->compute_stream());
+  if (status != ZF_SUCCESS) collective_failed("all_gather", status);
+  collective_upload_bytes_ += static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_));
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = params_[matrices_[i].param].tensor;
+  for (int q = 0; q < world_; ++q)
+    backend_->scatter(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
+                      b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
+                      scratch + static_cast<size_t>(q) * b.chunk_elements * element);
+  last_scatter_ = backend_->record(Lane::kCompute);
+}
+
+void Engine::share_entering_columns(float* const* arrays, size_t array_count, size_t floats_each, int32_t* steps,
+                                    size_t steps_count) {
+  // Through the exchange scratch (the collectives work on device memory): the floats, then
+  // the step counts, summed in their own dtype.
+  uint8_t* at = device_ + exchange_offset_;
+  const size_t float_bytes = array_count * floats_each * 4;
+  for (size_t a = 0; a < array_count; ++a) upload(at + a * floats_each * 4, arrays[a], floats_each * 4);
+  upload(at + float_bytes, steps, steps_count * 4);
+  all_reduce(at, array_count * floats_each, ZF_DTYPE_F32, &collective_upload_bytes_);
+  all_reduce(at + float_bytes, steps_count, ZF_DTYPE_I32, &collective_upload_bytes_);
+  for (size_t a = 0; a < array_count; ++a) download(arrays[a], at + a * floats_each * 4, floats_each * 4);
+  download(steps, at + float_bytes, steps_count * 4);
+}
+
+}  // namespace zf
