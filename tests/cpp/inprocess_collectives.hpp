@@ -214,7 +214,8 @@ class InProcessGroup {
   zf_status run(Rank& self, Function function, const void* in, void* out, size_t count, zf_dtype dtype) {
     const size_t size = element_size(dtype);
     if (size == 0) return fail(self, std::string(name(function)) + ": unsupported dtype");
-    if (count > 0 && (in == nullptr || out == nullptr)) return fail(self, std::string(name(function)) + ": NULL buffer");
+    if (count > 0 && (in == nullptr || out == nullptr))
+      return fail(self, std::string(name(function)) + ": NULL buffer");
     self.counts.calls[function] += 1;
     self.counts.bytes[function] += static_cast<int64_t>(count * size);
     slots_[static_cast<size_t>(self.rank)] = Slot{function, in, out, count, dtype};

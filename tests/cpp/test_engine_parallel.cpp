@@ -113,7 +113,8 @@ StepGrads make_step_grads(const Model& model, int world, int64_t t, uint64_t see
       sum.set(e, static_cast<float>(world * m) / 16.0f);
       mean.set(e, static_cast<float>(total / world));
     }
-    for (int r = 0; r < world; ++r) out.rank[static_cast<size_t>(r)].push_back(std::move(per_rank[static_cast<size_t>(r)]));
+    for (int r = 0; r < world; ++r)
+      out.rank[static_cast<size_t>(r)].push_back(std::move(per_rank[static_cast<size_t>(r)]));
     out.sum.push_back(std::move(sum));
     out.mean.push_back(std::move(mean));
   }
@@ -181,10 +182,10 @@ struct RankRun {
 };
 
 struct RunOptions {
-  int64_t first_step = 1;               // the global index of the first step (learning rates)
-  bool probe = false;                   // save after every step
-  bool save_at_end = false;             // save once after the last step
-  zenflow::EngineState* load = nullptr; // a state every engine loads before stepping
+  int64_t first_step = 1;                // the global index of the first step (learning rates)
+  bool probe = false;                    // save after every step
+  bool save_at_end = false;              // save once after the last step
+  zenflow::EngineState* load = nullptr;  // a state every engine loads before stepping
 };
 
 // One engine's life: create (and join `group` as `rank`, unless group is NULL), load, step
@@ -419,7 +420,8 @@ TEST(InProcessCollectives, SumsInRankOrderAndGathersForEveryDtype) {
       auto gathered = make(d, count * world, r, 0);
       std::memset(raw(gathered), 0xff, count * world * size);
       auto mine = make(d, count, r, 0);
-      std::memcpy(static_cast<uint8_t*>(raw(gathered)) + static_cast<size_t>(r) * count * size, raw(mine), count * size);
+      std::memcpy(static_cast<uint8_t*>(raw(gathered)) + static_cast<size_t>(r) * count * size, raw(mine),
+                  count * size);
       const void* in = static_cast<uint8_t*>(raw(gathered)) + static_cast<size_t>(r) * count * size;
       if (c.all_gather(c.user, in, raw(gathered), count, d, nullptr) != ZF_SUCCESS) errors[r] += c.last_error(c.user);
       keep(raw(gathered), count * world);
@@ -608,7 +610,8 @@ std::vector<TrajectoryCase> trajectory_cases() {
       for (double topk : {0.1, 0.3})
         for (int64_t interval : {1, 3, 0})
           for (bool overlap : {true, false})
-            for (bool clip : {false, true}) out.push_back(TrajectoryCase{world, d, topk, interval, overlap, clip, false});
+            for (bool clip : {false, true})
+              out.push_back(TrajectoryCase{world, d, topk, interval, overlap, clip, false});
   return out;
 }
 
@@ -697,7 +700,8 @@ TEST(EngineParallel, HostStateAndCopiesPerRankAreAboutOneNth) {
       // whatever the rows; the gradients are at least the selected columns and the dense
       // parameters every step, and at most the whole gradient.
       EXPECT_GE(s.collective_bytes_statistics, steps * 4 * columns) << at;
-      EXPECT_LE(s.collective_bytes_statistics, steps * 4 * (columns + 2 * static_cast<int64_t>(model.params.size()) + 16))
+      EXPECT_LE(s.collective_bytes_statistics,
+                steps * 4 * (columns + 2 * static_cast<int64_t>(model.params.size()) + 16))
           << at;
       EXPECT_GE(s.collective_bytes_gradients, steps * (selected_per_step + dense_elements)) << at;
       EXPECT_LE(s.collective_bytes_gradients, steps * (matrix_elements + dense_elements + 64 * world)) << at;
@@ -712,14 +716,14 @@ TEST(EngineParallel, HostStateAndCopiesPerRankAreAboutOneNth) {
         EXPECT_EQ(down, one.bytes_down) << "world " << world;
         EXPECT_EQ(up, one.bytes_up) << "world " << world;
       }
-      std::printf("[ info     ] %s: host_state_bytes %lld (single %lld), bytes_down %lld (%lld), bytes_up %lld (%lld), "
-                  "collective statistics %lld, gradients %lld, upload %lld\n",
-                  at.c_str(), static_cast<long long>(s.host_state_bytes),
-                  static_cast<long long>(one.host_state_bytes), static_cast<long long>(s.bytes_down),
-                  static_cast<long long>(one.bytes_down), static_cast<long long>(s.bytes_up),
-                  static_cast<long long>(one.bytes_up), static_cast<long long>(s.collective_bytes_statistics),
-                  static_cast<long long>(s.collective_bytes_gradients),
-                  static_cast<long long>(s.collective_bytes_upload));
+      std::printf(
+          "[ info     ] %s: host_state_bytes %lld (single %lld), bytes_down %lld (%lld), bytes_up %lld (%lld), "
+          "collective statistics %lld, gradients %lld, upload %lld\n",
+          at.c_str(), static_cast<long long>(s.host_state_bytes), static_cast<long long>(one.host_state_bytes),
+          static_cast<long long>(s.bytes_down), static_cast<long long>(one.bytes_down),
+          static_cast<long long>(s.bytes_up), static_cast<long long>(one.bytes_up),
+          static_cast<long long>(s.collective_bytes_statistics), static_cast<long long>(s.collective_bytes_gradients),
+          static_cast<long long>(s.collective_bytes_upload));
     }
   }
 }
