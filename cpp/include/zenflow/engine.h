@@ -160,7 +160,7 @@ ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory,
 ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream);
 
 /*
- * Data parallel (docs/design.md section 10). With collectives set, the engine is one of
+ * Data parallel (docs/design.md section 9). With collectives set, the engine is one of
  * world_size ranks that train one model on different data; every rank calls the same
  * functions in the same order, and the engine calls the collectives below (each rank the same
  * ones, in the same order, with the same sizes).
@@ -210,9 +210,9 @@ typedef struct zf_engine_collectives {
 } zf_engine_collectives;
 
 /* Makes the engine rank `rank` of `world_size` (NULL, or world_size 1: a single engine).
- * Before the device memory is queried or attached and before the first step or load: it
- * changes the memory the engine needs. The functions must stay callable until
- * zf_engine_destroy. */
+ * Before the device memory is attached and before the first step or load: it changes the
+ * size zf_engine_device_memory_size reports (query it afterwards). The functions must stay
+ * callable until zf_engine_destroy. */
 ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_collectives* collectives);
 
 /*
@@ -270,7 +270,8 @@ typedef struct zf_engine_stats {
                                          update_interval "auto", selection_score "window") */
   int64_t device_bytes;               /* device memory the engine uses (zf_engine_device_memory_size) */
   int64_t pinned_host_bytes;          /* staging ring, upload copy U, scalar records (page-locked on CUDA) */
-  /* Data parallel: payload bytes this rank gave to collectives (count * element size). */
+  /* Data parallel: bytes of the buffers this rank gave to collectives (the all-reduced buffer,
+   * the reduce-scatter's input and the all-gather's output: world_size * count elements). */
   int64_t collective_bytes_statistics; /* column sums, non-finite flags, failure flags */
   int64_t collective_bytes_gradients;  /* all-reduced and reduce-scattered gradients */
   int64_t collective_bytes_upload;     /* all-gathered updated columns, selection exchanges */

@@ -236,6 +236,7 @@ void Engine::setup_buckets_and_memory() {
       b.dtype = dtype;
       b.max_bytes = 0;
       b.own_max_bytes = 0;
+      upload_bytes = (upload_bytes + 63) / 64 * 64;  // a bucket of another dtype starts aligned
       b.upload_offset = upload_bytes;
       buckets_.push_back(std::move(b));
     }

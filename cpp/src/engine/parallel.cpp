@@ -1,4 +1,4 @@
-// Data parallel (zenflow/engine.h, docs/design.md section 10): the engine as one of N ranks.
+// Data parallel (zenflow/engine.h, docs/design.md section 9): the engine as one of N ranks.
 // Ownership: rank r owns columns [r*n/N, (r+1)*n/N) of each matrix; its host state, staging
 // slots and U cover those columns only. Each step:
 //   1. the gradients are reduced in place: the dense parameters and the selected columns

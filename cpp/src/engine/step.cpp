@@ -401,12 +401,15 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
   const bool auto_interval = schedule_.auto_interval();
   if (!window_scores && !auto_interval) return;
   const float* col_sq_all = col_sq_on_host(&stall_readback_);
+  // Data parallel, the column sums are of the ranks' summed gradient: the window entries keep
+  // those of the mean (as one engine would), so a checkpoint resumes on any world size.
+  const float per_rank = 1.0f / static_cast<float>(world_ * world_);
   for (Matrix& m : matrices_) {
     const size_t n = static_cast<size_t>(m.cols);
     const float* col_sq = col_sq_all + m.col_offset;
     if (window_scores) {
       float* current = m.window_score.data() + n;
-      for (size_t j = 0; j < n; ++j) current[j] += col_sq[j];
+      for (size_t j = 0; j < n; ++j) current[j] += col_sq[j] * per_rank;
     }
     if (!auto_interval) continue;
     const MatrixEnergy probe{0.0, 0.0, static_cast<int64_t>(m.selected.size()), m.cols};
@@ -421,8 +424,8 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
         deferred_sum += col_sq[j];
       }
     }
-    m.energy[0] = static_cast<float>(m.energy[0] + selected_sum);
-    m.energy[1] = static_cast<float>(m.energy[1] + deferred_sum);
+    m.energy[0] = static_cast<float>(m.energy[0] + selected_sum * per_rank);
+    m.energy[1] = static_cast<float>(m.energy[1] + deferred_sum * per_rank);
     ++*counted;
     if (Schedule::matrix_due(MatrixEnergy{m.energy[0], m.energy[1], probe.k, probe.n}, schedule_.window_steps()))
       ++*due;
