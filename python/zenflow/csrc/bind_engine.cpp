@@ -359,7 +359,8 @@ class PyEngine {
   // addresses are integers inside the attached device memory, count is in elements, dtype a
   // name ("float32", "bfloat16", "float16", "int32", "int64"), stream the cudaStream_t (0 on
   // the host backend). An exception fails the engine's call with its text. Before the device
-  // memory is queried or attached; the engine keeps the callables until it is closed.
+  // memory is attached (it changes device_memory_size: query that afterwards); the engine
+  // keeps the callables until it is closed.
   void set_collectives(const py::object& rank, const py::object& world_size, const py::object& all_reduce_sum,
                        const py::object& reduce_scatter_sum, const py::object& all_gather) {
     zf_engine* engine = live();
@@ -712,7 +713,8 @@ CPU tensors for both backends, so a checkpoint loads across them.
            "stream) and all_gather(in_address, out_address, count, dtype, stream) as engine.h describes. "
            "Addresses (integers) lie in the attached device memory, count is in elements, dtype a name "
            "('float32', 'bfloat16', 'float16', 'int32', 'int64'), stream the cudaStream_t (0 on the host). An "
-           "exception fails the engine call with its text. Before device_memory_size / attach_device_memory.")
+           "exception fails the engine call with its text. Before attach_device_memory (query device_memory_size after "
+           "it).")
       .def("set_stream", &PyEngine::set_stream, py::arg("stream"),
            "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call; "
            "the host backend takes only 0.")
