@@ -241,8 +241,15 @@ def _shard_info(shard: Any, index: int) -> dict:
         raise TypeError(
             f"{name}: expected a dict from sharded_state_dict(), got {type(shard).__name__}"
         )
-    info = shard.get("zenflow", {}).get("shard") if isinstance(shard.get("zenflow"), dict) else None
-    if not isinstance(info, dict) or "state" not in shard or "param_groups" not in shard:
+    zenflow = shard.get("zenflow")
+    info = zenflow.get("shard") if isinstance(zenflow, dict) else None
+    keys = ("rank", "world_size", "matrices", "ranges")
+    if (
+        not isinstance(info, dict)
+        or any(key not in info for key in keys)
+        or "state" not in shard
+        or "param_groups" not in shard
+    ):
         raise ValueError(f"{name}: not a ZenFlowAdamW.sharded_state_dict()")
     return info
 
@@ -284,9 +291,8 @@ def consolidate_shards(shards: Any) -> dict[str, Any]:
 
     state: dict[int, dict] = {}
     for index, entry in first["state"].items():  # the dense parameters and rank 0's extras
-        state[index] = {key: value for key, value in entry.items()}
-    matrices = first["zenflow"]["shard"]["matrices"]
-    for index, (shape, columns) in matrices.items():
+        state[index] = dict(entry)
+    for index, (shape, columns) in first["zenflow"]["shard"]["matrices"].items():
         rows = shape[0]
         full = {
             key: torch.zeros((rows, columns), dtype=torch.float32)
@@ -294,21 +300,37 @@ def consolidate_shards(shards: Any) -> dict[str, Any]:
         }
         full["steps"] = torch.zeros(columns, dtype=torch.int32)
         step = 0.0
+        covered = 0  # the ranks' column ranges must tile [0, columns) in rank order
         for rank in range(world_size):
-            shard = shards[by_rank[rank]]
-            lo, hi = column_range(columns, rank, world_size)
-            part = shard["state"].get(index)
-            if part is None or list(shard["zenflow"]["shard"]["matrices"].get(index, [])) != [
-                shape,
-                columns,
-            ]:
+            i = by_rank[rank]
+            info = infos[i]
+            part = shards[i]["state"].get(index)
+            if part is None or list(info["matrices"].get(index, [])) != [shape, columns]:
                 raise ValueError(
-                    f"shards[{by_rank[rank]}]: no state of matrix {index} (shards of another model)"
+                    f"shards[{i}]: no state of matrix {index} (shards of another model)"
                 )
+            lo, hi = (int(c) for c in info["ranges"][index])
+            if lo != covered or hi < lo or hi > columns:
+                raise ValueError(
+                    f"shards[{i}]: matrix {index} holds columns [{lo}, {hi}), expected them to start "
+                    f"at {covered} (of {columns})"
+                )
+            covered = hi
+            for key in ("master", "exp_avg", "exp_avg_sq", "steps"):
+                want = (rows, hi - lo) if key != "steps" else (hi - lo,)
+                if key not in part or tuple(part[key].shape) != want:
+                    raise ValueError(
+                        f"shards[{i}]['state'][{index}][{key!r}]: expected shape {want} "
+                        "(shards of another model)"
+                    )
             for key in ("master", "exp_avg", "exp_avg_sq"):
-                full[key][:, lo:hi] = part[key].reshape(rows, hi - lo)
+                full[key][:, lo:hi] = part[key]
             full["steps"][lo:hi] = part["steps"]
             step = max(step, float(part["step"]))
+        if covered != columns:
+            raise ValueError(
+                f"shards: matrix {index} has columns [{covered}, {columns}) in no shard"
+            )
         entry = state.setdefault(index, {})
         for key in ("master", "exp_avg", "exp_avg_sq"):
             entry[key] = full[key].reshape(shape)

@@ -302,6 +302,14 @@ def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):
     _assert_states(consolidated, two[0]["state"], "consolidated shards")
     with pytest.raises(ValueError, match="missing rank"):
         zenflow.ZenFlowAdamW.consolidate_sharded_state_dict(shards[:1])
+    with pytest.raises(ValueError, match="appears twice"):
+        zenflow.ZenFlowAdamW.consolidate_sharded_state_dict([shards[0], shards[0]])
+    with pytest.raises(ValueError, match="not a ZenFlowAdamW.sharded_state_dict"):
+        zenflow.ZenFlowAdamW.consolidate_sharded_state_dict([two[0]["state"], shards[1]])
+    cut = {**shards[1], "state": dict(shards[1]["state"])}
+    cut["state"][0] = {**cut["state"][0], "exp_avg": cut["state"][0]["exp_avg"][:, 1:]}
+    with pytest.raises(ValueError, match="expected shape"):
+        zenflow.ZenFlowAdamW.consolidate_sharded_state_dict([shards[0], cut])
 
     # The continuation: one process from the single run's state, with auto windows.
     _, _, ref_next = _reference(AUTO, second, state=ref_state, weights=ref_weights)
