@@ -216,6 +216,34 @@ def _failing_rank(rank: int, world_size: int, bad_rank: int, bad_step: int):
     return {"step": None, "scaler": scaler_error}
 
 
+def _low_precision(rank: int, world_size: int, no_gradient_step: int):
+    """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
+    all in one step. Returns each model's weights and step counts."""
+    out = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        model = _model().to(dtype)
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        share = BATCH // world_size
+        steps = []
+        for step in range(2 * no_gradient_step):
+            x, y = (t[rank * share : (rank + 1) * share].to(dtype) for t in _batch(step))
+            loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
+            scaled = opt.scale_loss(loss)
+            if not (rank == 1 and step == no_gradient_step):
+                scaled.backward()
+            opt.step()
+            opt.zero_grad()
+            steps.append(opt.stats()["steps"])
+        opt.flush()
+        out[str(dtype)] = {
+            "weights": [p.detach().clone() for p in model.parameters()],
+            "steps": steps,
+            "loss_scale": opt.loss_scale,
+        }
+        opt.close()
+    return out
+
+
 # ---- the tests ----
 
 
@@ -337,6 +365,20 @@ def test_a_failing_rank_fails_every_rank(tmp_path):
         assert result["scaler"] is not None and "GradScaler" in result["scaler"], result
     assert results[0]["type"] == "ValueError"
     assert "rank(s) 1 of 2 failed" in results[0]["message"], results[0]
+
+
+def test_low_precision_and_a_rank_without_gradients(tmp_path):
+    """bf16 and fp16 parameters (fp16: the engine's dynamic loss scaling, agreed by all ranks)
+    step in lockstep, also when one rank has no gradient in a step (it steps with zeros): the
+    ranks' weights stay the same bits."""
+    ranks = _spawn("_low_precision", 2, tmp_path, 3)
+    for dtype, result in ranks[0].items():
+        other = ranks[1][dtype]
+        assert result["steps"] == other["steps"] == list(range(1, 7)), dtype
+        assert result["loss_scale"] == other["loss_scale"], dtype
+        for a, b in zip(result["weights"], other["weights"]):
+            assert torch.equal(a, b), dtype
+    assert ranks[0]["torch.float16"]["loss_scale"] > 1.0  # dynamic loss scaling was on
 
 
 def test_process_group_argument():
