@@ -71,6 +71,9 @@ class _EngineCollectives:
         self._group = parallel.group
         self._world_size = parallel.world_size
         self._device = parallel.device
+        # gloo's reduce_scatter_tensor is about 1.6x slower than its list form (32 MiB, 2
+        # ranks: 50 ms against 32 ms, and its all-reduce takes 27 ms): use the list form there.
+        self._list_reduce_scatter = dist.get_backend(parallel.group) == "gloo"
         self.memory: torch.Tensor | None = None
         self._base = 0
 
@@ -146,7 +149,11 @@ class _EngineCollectives:
                 count,
                 dtype,
             )
-            _reduce_scatter_tensor(target, source, op=dist.ReduceOp.SUM, group=self._group)
+            if self._list_reduce_scatter:
+                chunks = list(source.chunk(self._world_size))
+                dist.reduce_scatter(target, chunks, op=dist.ReduceOp.SUM, group=self._group)
+            else:
+                _reduce_scatter_tensor(target, source, op=dist.ReduceOp.SUM, group=self._group)
 
     def all_gather(
         self, in_address: int, out_address: int, count: int, dtype: str, stream: int

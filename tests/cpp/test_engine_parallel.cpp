@@ -666,11 +666,11 @@ TEST(EngineParallel, HostStateAndCopiesPerRankAreAboutOneNth) {
     for (size_t i = 0; i < model.params.size(); ++i) {
       const HostTensor& p = model.params[i];
       const int64_t psize = p.dtype == ZF_DTYPE_F32 ? 4 : 2;
-      columns += p.cols();  // every parameter's column sums are shared
-      if (!model.matrix(i)) {
+      if (!model.matrix(i)) {  // a dense parameter's column sums are not shared
         dense_elements += p.numel() * psize;
         continue;
       }
+      columns += p.cols();  // a matrix's column sums are shared
       const int64_t m = p.rows(), n = p.cols();
       const int64_t k = std::min(n, std::max<int64_t>(1, static_cast<int64_t>(std::floor(config.topk_ratio * n))));
       column_slack += m * (5 * 4 + psize + config.staging_slots * psize) + 4;
@@ -697,7 +697,7 @@ TEST(EngineParallel, HostStateAndCopiesPerRankAreAboutOneNth) {
       EXPECT_LE(s.bytes_down, one.bytes_down / world + down_slack) << at << ": single engine " << one.bytes_down;
       EXPECT_GT(s.bytes_up, 0) << at;
       EXPECT_LE(s.bytes_up, one.bytes_up / world + up_slack) << at << ": single engine " << one.bytes_up;
-      // Statistics: one float per column of every parameter and a few flags per step,
+      // Statistics: one float per column of every matrix and a few flags per step,
       // whatever the rows; the gradients are at least the selected columns and the dense
       // parameters every step, and at most the whole gradient.
       EXPECT_GE(s.collective_bytes_statistics, steps * 4 * columns) << at;

@@ -216,6 +216,35 @@ def _failing_rank(rank: int, world_size: int, bad_rank: int, bad_step: int):
     return {"step": None, "scaler": scaler_error}
 
 
+def _host_lane_fault(rank: int, world_size: int, fault_rank: int, fault_step: int):
+    # The host lane of one rank fails in the background (as a real failure of the host work
+    # would); every rank must raise within a few steps, then keep refusing, and never hang.
+    model = _model()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+    failure = None
+    for step in range(fault_step + 8):
+        x, y = _batch(step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if rank == fault_rank and step == fault_step:
+            opt._engine._inject_host_lane_fault("injected host lane fault")
+        try:
+            opt.step()
+        except Exception as error:  # the test inspects it
+            failure = {"step": step, "type": type(error).__name__, "message": str(error)}
+            break
+        opt.zero_grad()
+    if failure is None:
+        return {"step": None}
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    try:
+        opt.step()
+        failure["again"] = None
+    except Exception as error:  # sticky: the next step fails too, on every rank
+        failure["again"] = str(error)
+    return failure
+
+
 def _low_precision(rank: int, world_size: int, no_gradient_step: int):
     """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
     all in one step. Returns each model's weights and step counts."""
@@ -365,6 +394,19 @@ def test_a_failing_rank_fails_every_rank(tmp_path):
         assert result["scaler"] is not None and "GradScaler" in result["scaler"], result
     assert results[0]["type"] == "ValueError"
     assert "rank(s) 1 of 2 failed" in results[0]["message"], results[0]
+
+
+def test_a_host_lane_failure_on_one_rank_fails_every_rank(tmp_path):
+    results = _spawn("_host_lane_fault", 3, tmp_path, 1, 3)
+    steps = {result["step"] for result in results}
+    assert len(steps) == 1 and None not in steps, results
+    assert 3 <= steps.pop() <= 3 + 6, results  # found at a later agreement, within a few steps
+    assert "injected host lane fault" in results[1]["message"], results[1]
+    for rank in (0, 2):
+        assert results[rank]["type"] == "ValueError", results[rank]
+        assert "rank(s) 1 of 3 failed" in results[rank]["message"], results[rank]
+    for result in results:
+        assert result["again"] is not None and "refuses steps" in result["again"], result
 
 
 def test_low_precision_and_a_rank_without_gradients(tmp_path):

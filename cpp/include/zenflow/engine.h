@@ -352,6 +352,11 @@ ZF_API zf_status zf_engine_save_state(zf_engine* engine, const zf_tensor* buffer
 ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffers, size_t count,
                                       const int64_t* counters, double loss_scale);
 
+/* Testing only: the next piece of work the engine's host lane starts fails with `message`,
+ * as a failure of the host work itself would (a sticky error raised by a later call; data
+ * parallel: on every rank). For tests of error handling in the layers above the engine. */
+ZF_API zf_status zf_engine_inject_host_lane_fault_for_testing(zf_engine* engine, const char* message);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -291,10 +291,18 @@ void Engine::setup_buckets_and_memory() {
   selected_bytes_ = selected_ints * 4;
   selected_offset_ = take(selected_bytes_);
   for (Matrix& m : matrices_) m.dev_selected += selected_offset_;
-  col_sq_floats_ = 0;  // every parameter's column sums, in parameter order (on_device_memory)
-  for (const Param& p : params_) {
-    if (p.matrix) matrices_[p.index].col_offset = col_sq_floats_;
-    col_sq_floats_ += static_cast<size_t>(p.cols);
+  // Every parameter's column sums: the matrices' first, in matrix order, then the dense
+  // parameters' (data parallel shares only the matrices' part).
+  col_sq_floats_ = 0;
+  for (Matrix& m : matrices_) {
+    m.col_offset = col_sq_floats_;
+    params_[m.param].col_offset = col_sq_floats_;
+    col_sq_floats_ += static_cast<size_t>(m.cols);
+  }
+  matrix_col_floats_ = col_sq_floats_;
+  for (const Dense& d : dense_) {
+    params_[d.param].col_offset = col_sq_floats_;
+    col_sq_floats_ += static_cast<size_t>(params_[d.param].cols);
   }
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
@@ -337,13 +345,11 @@ void Engine::attach_device_memory(void* memory, size_t bytes) {
 void Engine::on_device_memory() {
   backend_->fill_device_zero(device_, device_bytes_);
   backend_->synchronize();  // once: whatever stream the first step runs on sees zeroed memory
-  // Each parameter's column sums, in parameter order in the col_sq region.
+  // Each parameter's column sums, at its place in the col_sq region.
   col_sq_tensors_.clear();
-  float* col_sq = device_float(col_sq_offset_);
-  for (const Param& p : params_) {
-    col_sq_tensors_.push_back(contiguous_descriptor(col_sq, ZF_DTYPE_F32, p.tensor.device, {p.cols}));
-    col_sq += p.cols;
-  }
+  for (const Param& p : params_)
+    col_sq_tensors_.push_back(
+        contiguous_descriptor(device_float(col_sq_offset_) + p.col_offset, ZF_DTYPE_F32, p.tensor.device, {p.cols}));
 }
 
 void Engine::ensure_device_memory() {

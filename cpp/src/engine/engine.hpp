@@ -89,7 +89,8 @@ class Engine {
     int32_t group;
     bool matrix;
     int64_t rows, cols, numel;
-    size_t index;  // into matrices_ or dense_
+    size_t index;           // into matrices_ or dense_
+    size_t col_offset = 0;  // its column sums in the col_sq region (floats)
   };
   // A staging slot starts with a SlotHeader (step_scalars.hpp), copied down with the packed
   // gradient: the host accumulate applies its scale, or adds nothing when it says skip.
@@ -239,7 +240,7 @@ class Engine {
 
   // device memory (attached, or owned)
   size_t device_bytes_ = 0, staging_offset_ = 0, slot_stride_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0,
-         device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, scalars_offset_ = 0,
+         device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0,
          stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
          flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0;
   uint8_t* device_ = nullptr;

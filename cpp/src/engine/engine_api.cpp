@@ -162,6 +162,13 @@ ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_co
   return zf::api_call([&] { get(engine).set_collectives(collectives); });
 }
 
+ZF_API zf_status zf_engine_inject_host_lane_fault_for_testing(zf_engine* engine, const char* message) {
+  return zf::api_call([&] {
+    zf::require(message != nullptr, ZF_ERROR_INVALID_VALUE, "message: NULL");
+    get(engine).inject_host_lane_fault_for_testing(message);
+  });
+}
+
 ZF_API zf_status zf_engine_step(zf_engine* engine, const zf_tensor* grads, size_t count, const double* lrs,
                                 size_t lr_count) {
   return zf::api_call([&] { get(engine).step(grads, count, lrs, lr_count); });

@@ -4,9 +4,9 @@
 //   1. the gradients are reduced in place: the dense parameters and the selected columns
 //      all-reduced, the deferred columns reduce-scattered (rank q's chunk, then scattered back
 //      into the gradient), or, at a selection step, every column all-reduced;
-//   2. each rank's column sums cover the columns it owns (the others are zeroed) and are
-//      all-reduced with the non-finite flags: every rank sees the same sums, so the same norm,
-//      top-k and window schedule;
+//   2. each rank's matrix column sums cover the columns it owns (the others are zeroed) and
+//      are all-reduced with the non-finite flags: every rank sees the same sums, so the same
+//      norm, top-k and window schedule;
 //   3. the host update's result goes up as this rank's chunk and is all-gathered, then every
 //      rank's chunk is scattered into the weights.
 // On one engine (world 1) every function here is a no-op or the one-engine case.
@@ -301,22 +301,17 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
 }
 
 void Engine::share_statistics() {
-  // Each column's sum counts once: from the rank owning it (its reduced gradient is there);
-  // the dense parameters' from rank 0 (every rank has them reduced). x + 0 is exact, so the
-  // all-reduced sums are the owners' bits, on every rank.
-  float* col_sq = device_float(col_sq_offset_);
-  for (const Param& p : params_) {
-    if (p.matrix) {
-      const Matrix& m = matrices_[p.index];
-      backend_->fill_device_zero(col_sq, static_cast<size_t>(m.own_lo) * 4);
-      const int64_t hi = m.own_lo + m.own_cols;
-      backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
-    } else if (rank_ != 0) {
-      backend_->fill_device_zero(col_sq, static_cast<size_t>(p.cols) * 4);
-    }
-    col_sq += p.cols;
+  // Each matrix column's sum counts once: from the rank owning it (its reduced gradient is
+  // there). x + 0 is exact, so the all-reduced sums are the owners' bits, on every rank. The
+  // dense parameters' sums are not shared: their gradients are all-reduced, the same bits on
+  // every rank, and so are their sums.
+  for (const Matrix& m : matrices_) {
+    float* col_sq = device_float(col_sq_offset_) + m.col_offset;
+    backend_->fill_device_zero(col_sq, static_cast<size_t>(m.own_lo) * 4);
+    const int64_t hi = m.own_lo + m.own_cols;
+    backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
   }
-  all_reduce(device_ + col_sq_offset_, col_sq_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
+  all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
   all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
 }
 

@@ -475,6 +475,11 @@ class PyEngine {
     bump_params();
   }
 
+  // Testing (engine.h): the host lane's next piece of work fails with `message`.
+  void inject_host_lane_fault(const std::string& message) {
+    check(zf_engine_inject_host_lane_fault_for_testing(live(), message.c_str()));
+  }
+
   py::dict stats() const {
     zf_engine_stats s{};
     check(zf_engine_get_stats(live(), &s));
@@ -699,6 +704,8 @@ CPU tensors for both backends, so a checkpoint loads across them.
       .def("abort_step", &PyEngine::abort_step,
            "Discards an open split step (a failed backward): the engine is as before begin_step.")
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
+      .def("_inject_host_lane_fault", &PyEngine::inject_host_lane_fault, py::arg("message"),
+           "Testing: the host lane's next piece of work fails with `message`.")
       .def("stats", &PyEngine::stats)
       .def_property_readonly("loss_scale", &PyEngine::loss_scale)
       .def("device_memory_size", &PyEngine::device_memory_size,
