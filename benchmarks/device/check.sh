@@ -88,8 +88,9 @@ SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/
 # The GPU tests of the part(s) asked for; the engine's sanitizer runs are a step of their own.
 case $PARTS in
   all) GPU_TESTS=("$ROOT/tests/python") ;;
-  engine) GPU_TESTS=("$ROOT/tests/python/test_gpu_engine.py") ;;
-  kernels) GPU_TESTS=("$ROOT/tests/python" --ignore "$ROOT/tests/python/test_gpu_engine.py") ;;
+  engine) GPU_TESTS=("$ROOT/tests/python/test_gpu_engine.py" "$ROOT/tests/python/test_data_parallel.py") ;;
+  kernels) GPU_TESTS=("$ROOT/tests/python" --ignore "$ROOT/tests/python/test_gpu_engine.py"
+    --ignore "$ROOT/tests/python/test_data_parallel.py") ;;
 esac
 run "pytest gpu" 150 "$PYTHON" -m pytest -q -m gpu -k "not compute_sanitizer" "${GPU_TESTS[@]}"
 

@@ -74,6 +74,9 @@ class _EngineCollectives:
         # gloo's reduce_scatter_tensor is about 1.6x slower than its list form (32 MiB, 2
         # ranks: 50 ms against 32 ms, and its all-reduce takes 27 ms): use the list form there.
         self._list_reduce_scatter = dist.get_backend(parallel.group) == "gloo"
+        # gloo with CUDA parameters (several ranks on one GPU, as in tests): the collectives
+        # run on host copies of the engine's buffers, taken in the engine's stream order.
+        self._staged = parallel.staged
         self.memory: torch.Tensor | None = None
         self._base = 0
 
@@ -109,12 +112,21 @@ class _EngineCollectives:
             return contextlib.nullcontext()
         return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=self._device))
 
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.cpu() if self._staged else tensor
+
+    def _back(self, target: torch.Tensor, result: torch.Tensor) -> None:
+        if result is not target:
+            target.copy_(result)
+
     def all_reduce_sum(self, address: int, count: int, dtype: str, stream: int) -> None:
         if count == 0:
             return
         data = self._view("all_reduce_sum", address, count, dtype)
         with self._stream(stream):
-            dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self._group)
+            host = self._host(data)
+            dist.all_reduce(host, op=dist.ReduceOp.SUM, group=self._group)
+            self._back(data, host)
 
     def _in_out(
         self,
@@ -149,11 +161,16 @@ class _EngineCollectives:
                 count,
                 dtype,
             )
+            host_source = self._host(source)
+            host_target = torch.empty_like(target, device="cpu") if self._staged else target
             if self._list_reduce_scatter:
-                chunks = list(source.chunk(self._world_size))
-                dist.reduce_scatter(target, chunks, op=dist.ReduceOp.SUM, group=self._group)
+                chunks = list(host_source.chunk(self._world_size))
+                dist.reduce_scatter(host_target, chunks, op=dist.ReduceOp.SUM, group=self._group)
             else:
-                _reduce_scatter_tensor(target, source, op=dist.ReduceOp.SUM, group=self._group)
+                _reduce_scatter_tensor(
+                    host_target, host_source, op=dist.ReduceOp.SUM, group=self._group
+                )
+            self._back(target, host_target)
 
     def all_gather(
         self, in_address: int, out_address: int, count: int, dtype: str, stream: int
@@ -164,7 +181,9 @@ class _EngineCollectives:
             source, target = self._in_out(
                 "all_gather", in_address, count, out_address, count * self._world_size, dtype
             )
-            _all_gather_tensor(target, source, group=self._group)
+            host_target = torch.empty_like(target, device="cpu") if self._staged else target
+            _all_gather_tensor(host_target, self._host(source), group=self._group)
+            self._back(target, host_target)
 
 
 class DataParallel:
@@ -181,11 +200,9 @@ class DataParallel:
             raise ValueError(
                 "process_group: an NCCL group reduces CUDA tensors; CPU parameters need a gloo group"
             )
-        if device.type == "cuda" and self.backend == "gloo":
-            raise ValueError(
-                "process_group: a gloo group cannot run every collective on CUDA tensors; CUDA "
-                "parameters need an NCCL group"
-            )
+        # gloo and CUDA parameters: every collective goes through host copies (correct, and
+        # slow: for tests, e.g. several ranks sharing one GPU); NCCL is the GPU path.
+        self.staged = device.type == "cuda" and self.backend == "gloo"
 
     def attach(self, engine: Any) -> None:
         """Makes `engine` a rank of the group and gives it its device memory (always, in data
@@ -211,7 +228,12 @@ class DataParallel:
         """Every rank takes the group's first rank's parameters (as DDP does at construction)."""
         with torch.no_grad():
             for p in params:
-                dist.broadcast(p.detach(), src=self.source, group=self.group)
+                if self.staged:
+                    host = p.detach().cpu()
+                    dist.broadcast(host, src=self.source, group=self.group)
+                    p.detach().copy_(host)
+                else:
+                    dist.broadcast(p.detach(), src=self.source, group=self.group)
 
     def sum_state(self, saved: dict) -> None:
         """The engine's partial state (each rank's buffers hold what it owns, zeros elsewhere)
@@ -233,7 +255,8 @@ class DataParallel:
                 self._sum_bucket(bucket)
 
     def _sum_bucket(self, bucket: list[torch.Tensor]) -> None:
-        flat = torch.cat([t.reshape(-1) for t in bucket]).to(self.device)
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        flat = flat if self.staged else flat.to(self.device)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         flat = flat.cpu()
         offset = 0

@@ -240,11 +240,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     ``no_sync()``. Give each rank the mean loss over its share of the global batch, as with
     DDP: the step follows the sum of the ranks' gradients divided by the world size. All
     ranks select the same columns (the column statistics are all-reduced, one float per
-    column); each rank keeps, moves and updates on its host only its 1/N of every matrix's
-    deferred columns, and the updated columns are all-gathered at upload, so host memory,
+    column); rank r owns the columns [r*n/N, (r+1)*n/N) of every matrix and keeps, moves and
+    updates on its host only the deferred ones among them, and the updated columns are all-gathered at upload, so host memory,
     PCIe bytes and host update time per rank drop by N. Construction broadcasts the
     parameters from the group's first rank (as DDP does). gloo groups take CPU parameters,
-    NCCL groups CUDA parameters. Every rank calls the same methods in the same order (step,
+    NCCL groups CUDA parameters (gloo with CUDA parameters works through host copies of
+    every collective: for tests, e.g. ranks sharing one GPU). Every rank calls the same methods in the same order (step,
     flush, state_dict, ...: they run collectives); a step where a rank has no gradient at all
     still steps there (with zeros), so that the ranks stay in step. `overlap_backward` works
     (a data-parallel step starts its work at `step()`). When one rank fails (a bad gradient,

@@ -245,6 +245,28 @@ def _host_lane_fault(rank: int, world_size: int, fault_rank: int, fault_step: in
     return failure
 
 
+def _cuda_ranks(rank: int, world_size: int, steps: int):
+    # CUDA parameters on one GPU shared by the ranks, over gloo (its collectives through host
+    # copies): the engine's CUDA backend in data parallel, on the stream order it promises.
+    model = _model().cuda()
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+    trajectory = []
+    share = BATCH // world_size
+    handle = opt.overlap_backward(model)
+    for step in range(steps):
+        x, y = _batch(step)
+        x, y = (
+            x[rank * share : (rank + 1) * share].cuda(),
+            y[rank * share : (rank + 1) * share].cuda(),
+        )
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        trajectory.append([p.detach().cpu() for p in model.parameters()])
+    handle.remove()
+    return {"trajectory": trajectory, "state": opt.state_dict(), "stats": opt.stats()}
+
+
 def _low_precision(rank: int, world_size: int, no_gradient_step: int):
     """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
     all in one step. Returns each model's weights and step counts."""
@@ -407,6 +429,19 @@ def test_a_host_lane_failure_on_one_rank_fails_every_rank(tmp_path):
         assert "rank(s) 1 of 3 failed" in results[rank]["message"], results[rank]
     for result in results:
         assert result["again"] is not None and "refuses steps" in result["again"], result
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_ranks_sharing_one_gpu_match_one_cpu_process(tmp_path):
+    steps = 8
+    results = _spawn("_cuda_ranks", 2, tmp_path, steps)
+    _, _, want = _reference(FIXED, range(steps))
+    for step in range(steps):
+        for a, b in zip(results[0]["trajectory"][step], results[1]["trajectory"][step]):
+            assert torch.equal(a, b), f"step {step}: the ranks' parameters differ"
+    _assert_trajectories(results[0]["trajectory"], want, "2 CUDA ranks against one CPU process")
+    assert results[0]["stats"]["reselections"] == results[1]["stats"]["reselections"]
 
 
 def test_low_precision_and_a_rank_without_gradients(tmp_path):
