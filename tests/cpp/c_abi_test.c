@@ -775,6 +775,8 @@ static void check_dead_handle(zf_engine* dead) {
   EXPECT_ERROR(zf_engine_device_memory_size(dead, &bytes), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_attach_device_memory(dead, f.weight, sizeof(f.weight)), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_set_stream(dead, NULL), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_set_collectives(dead, NULL), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_inject_host_lane_fault_for_testing(dead, "fault"), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_step(dead, f.grads, 2, NULL, 0), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_begin_step(dead, NULL, 0), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_submit(dead, 0, f.grads, 2), ZF_ERROR_INVALID_VALUE, text);
