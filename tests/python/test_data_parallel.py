@@ -9,6 +9,7 @@ files in tmp_path; a child that raises, or hangs past the join timeout, fails th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import traceback
@@ -267,6 +268,27 @@ def _cuda_ranks(rank: int, world_size: int, steps: int):
     return {"trajectory": trajectory, "state": opt.state_dict(), "stats": opt.stats()}
 
 
+def _ddp_no_sync(rank: int, world_size: int, steps: int):
+    # A model kept wrapped in DDP, every backward under no_sync (DDP reduces nothing, zenflow
+    # once), against the same model unwrapped: the same parameters, bit for bit.
+    out = {}
+    for wrapped in (False, True):
+        model = _model()
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        ddp = torch.nn.parallel.DistributedDataParallel(model) if wrapped else model
+        share = BATCH // world_size
+        for step in range(steps):
+            x, y = _batch(step)
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+            context = ddp.no_sync() if wrapped else contextlib.nullcontext()
+            with context:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        out[wrapped] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
 def _low_precision(rank: int, world_size: int, no_gradient_step: int):
     """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
     all in one step. Returns each model's weights and step counts."""
@@ -442,6 +464,15 @@ def test_cuda_ranks_sharing_one_gpu_match_one_cpu_process(tmp_path):
             assert torch.equal(a, b), f"step {step}: the ranks' parameters differ"
     _assert_trajectories(results[0]["trajectory"], want, "2 CUDA ranks against one CPU process")
     assert results[0]["stats"]["reselections"] == results[1]["stats"]["reselections"]
+
+
+def test_a_ddp_wrapped_model_under_no_sync_is_reduced_once(tmp_path):
+    results = _spawn("_ddp_no_sync", 2, tmp_path, 5)
+    for rank, result in enumerate(results):
+        for a, b in zip(result[True], result[False]):
+            assert torch.equal(a, b), f"rank {rank}: DDP under no_sync differs from the plain model"
+    for a, b in zip(results[0][True], results[1][True]):
+        assert torch.equal(a, b), "the ranks differ"
 
 
 def test_low_precision_and_a_rank_without_gradients(tmp_path):
