@@ -805,6 +805,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             numbering[id(p)]: self._torch_entry_of(saved["params"][i], p)
             for i, p in enumerate(self._layout.params)
         }
+        return self._torch_layout(saved, state, numbering)
+
+    def _torch_layout(
+        self, saved: dict, state: dict, numbering: dict[int, int], **zenflow_extra: Any
+    ) -> dict[str, Any]:
+        """torch's state_dict layout around `state`, with zenflow's schedule and scaler."""
         return {
             "state": state,
             "param_groups": self._torch_groups(numbering),
@@ -812,6 +818,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 "format": _STATE_FORMAT,
                 "schedule": dict(saved["schedule"]),
                 "loss_scaler": dict(saved["loss_scaler"]),
+                **zenflow_extra,
             },
         }
 
@@ -873,21 +880,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             state[index] = part
             matrices[index] = [list(p.shape), columns]
             ranges[index] = [lo, hi]
-        return {
-            "state": state,
-            "param_groups": self._torch_groups(numbering),
-            "zenflow": {
-                "format": _STATE_FORMAT,
-                "schedule": dict(saved["schedule"]),
-                "loss_scaler": dict(saved["loss_scaler"]),
-                "shard": {
-                    "rank": rank,
-                    "world_size": world_size,
-                    "matrices": matrices,
-                    "ranges": ranges,
-                },
-            },
-        }
+        shard = {"rank": rank, "world_size": world_size, "matrices": matrices, "ranges": ranges}
+        return self._torch_layout(saved, state, numbering, shard=shard)
 
     @staticmethod
     def consolidate_sharded_state_dict(shards: list[dict[str, Any]]) -> dict[str, Any]:

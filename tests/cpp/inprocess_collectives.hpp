@@ -119,20 +119,7 @@ class InProcessGroup {
   static const char* name(Function f) {
     return f == kAllReduce ? "all_reduce_sum" : f == kReduceScatter ? "reduce_scatter_sum" : "all_gather";
   }
-  static const char* dtype_name(zf_dtype d) {
-    switch (d) {
-      case ZF_DTYPE_F32:
-        return "f32";
-      case ZF_DTYPE_F16:
-        return "f16";
-      case ZF_DTYPE_BF16:
-        return "bf16";
-      case ZF_DTYPE_I32:
-        return "i32";
-      default:
-        return "unsupported";
-    }
-  }
+
 
   static float load(zf_dtype dtype, const void* base, size_t i) {
     switch (dtype) {
@@ -225,8 +212,8 @@ class InProcessGroup {
       const Slot& s = slots_[q];
       if (s.function != function || s.count != count || s.dtype != dtype) {
         mismatch = "mismatch: rank " + std::to_string(self.rank) + " called " + name(function) + "(count " +
-                   std::to_string(count) + ", " + dtype_name(dtype) + "), rank " + std::to_string(q) + " " +
-                   name(s.function) + "(count " + std::to_string(s.count) + ", " + dtype_name(s.dtype) + ")";
+                   std::to_string(count) + ", " + zf_dtype_name(dtype) + "), rank " + std::to_string(q) + " " +
+                   name(s.function) + "(count " + std::to_string(s.count) + ", " + zf_dtype_name(s.dtype) + ")";
         break;
       }
     }
