@@ -120,7 +120,6 @@ class InProcessGroup {
     return f == kAllReduce ? "all_reduce_sum" : f == kReduceScatter ? "reduce_scatter_sum" : "all_gather";
   }
 
-
   static float load(zf_dtype dtype, const void* base, size_t i) {
     switch (dtype) {
       case ZF_DTYPE_F32:
