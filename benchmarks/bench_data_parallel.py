@@ -52,6 +52,15 @@ JOIN_TIMEOUT_S = 600
 
 
 def _settings(args: argparse.Namespace) -> dict:
+    if getattr(args, "sync", False):  # the peer: synchronous offload, data parallel too
+        return dict(
+            lr=1e-3,
+            topk_ratio=0.0,
+            update_interval=1,
+            overlap_step=False,
+            num_threads=args.host_threads,
+            limit_torch_threads=False,
+        )
     return dict(
         lr=1e-3,
         topk_ratio=args.topk_ratio,
@@ -165,6 +174,11 @@ def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Names
             )
         result = _rank_main(rank, world_size, args)
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        if world_size > 1:
+            # Every rank done before any tears its process group down (without it, 3 runs of
+            # about 60 ended in "terminate called without an active exception" from a child
+            # at teardown, after every step had completed).
+            torch.distributed.barrier()
     except BaseException:
         Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
         raise
@@ -216,13 +230,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument(
+        "--no-sync-peer",
+        action="store_true",
+        help="skip the peer run (synchronous offload on the same ranks)",
+    )
     parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
     args = parser.parse_args()
 
-    results = {}
+    results, sync_results = {}, {}
     for world_size in args.world_sizes:
         started = time.perf_counter()
         results[world_size] = run(world_size, args)
+        if not args.no_sync_peer:
+            sync_results[world_size] = run(world_size, argparse.Namespace(**vars(args), sync=True))
         print(
             f"{world_size} rank(s): {time.perf_counter() - started:.0f} s",
             file=sys.stderr,
@@ -275,6 +296,28 @@ def main() -> None:
         summary.append(
             f"| {world_size} | {1e3 * step:.1f} | {1e3 * host:.1f} | {down * mib:.2f} | {ratio_host} | {ratio_down} |"
         )
+    if sync_results:
+        summary += [
+            "",
+            "The peer, in the same run: synchronous offload (topk_ratio 0, update_interval 1, "
+            "overlap off) on the same ranks, data parallel too.",
+            "",
+            "| ranks | zenflow step ms | sync offload step ms | step time vs sync offload "
+            "| zenflow stall ms/step | sync offload stall ms/step |",
+            "|---|---|---|---|---|---|",
+        ]
+        for world_size, ranks in results.items():
+            peer = sync_results.get(world_size)
+            if peer is None:
+                continue
+            step = statistics.median(median(r["rows"], "step_seconds") for r in ranks)
+            sync = statistics.median(median(r["rows"], "step_seconds") for r in peer)
+            stall = statistics.fmean(mean(r["rows"], "stall_seconds") for r in ranks)
+            sync_stall = statistics.fmean(mean(r["rows"], "stall_seconds") for r in peer)
+            summary.append(
+                f"| {world_size} | {1e3 * step:.1f} | {1e3 * sync:.1f} | {sync / step:.2f}x "
+                f"| {1e3 * stall:.2f} | {1e3 * sync_stall:.2f} |"
+            )
     columns = args.layers * args.cols
     values = args.layers * args.rows * args.cols
     selection = [

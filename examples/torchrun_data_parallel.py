@@ -79,6 +79,7 @@ def main() -> None:
     print(f"rank {rank}: {zenflow.format_stats(opt.stats())}", flush=True)
     print(f"rank {rank}: its shard holds {own} of the state's {whole} values", flush=True)
     opt.close()
+    dist.barrier()  # every rank done before any tears the group down
     dist.destroy_process_group()
 
 

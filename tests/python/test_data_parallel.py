@@ -109,6 +109,7 @@ def _child(rank: int, world_size: int, port: int, body: str, out: str, args: tup
         )
         result = globals()[body](rank, world_size, *args)
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        torch.distributed.barrier()  # every rank done before any tears its group down
     except BaseException:
         with open(os.path.join(out, f"rank{rank}.error"), "w") as f:
             f.write(traceback.format_exc())
