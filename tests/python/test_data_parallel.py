@@ -290,6 +290,31 @@ def _ddp_no_sync(rank: int, world_size: int, steps: int):
     return out
 
 
+def _added_group(rank: int, world_size: int, steps: int, add_at: int):
+    # A parameter group added mid-run (its parameters differ by rank: the optimizer broadcasts
+    # rank 0's): the engine is rebuilt with the consolidated state, on every rank alike.
+    model = _model()
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    opt = zenflow.ZenFlowAdamW(first, **FIXED)
+    trajectory = []
+    share = BATCH // world_size
+    for step in range(steps):
+        if step == add_at:
+            if rank != 0:
+                with torch.no_grad():
+                    for p in second:
+                        p.add_(0.5)  # the group's rank-0 parameters must win
+            opt.add_param_group({"params": second, "lr": 2e-3})
+        x, y = _batch(step)
+        if world_size > 1:
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        model.zero_grad()  # the group not yet added too: no gradient piles up before it joins
+        trajectory.append([p.detach().clone() for p in model.parameters()])
+    return {"trajectory": trajectory, "state": opt.state_dict()}
+
+
 def _low_precision(rank: int, world_size: int, no_gradient_step: int):
     """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
     all in one step. Returns each model's weights and step counts."""
@@ -474,6 +499,17 @@ def test_a_ddp_wrapped_model_under_no_sync_is_reduced_once(tmp_path):
             assert torch.equal(a, b), f"rank {rank}: DDP under no_sync differs from the plain model"
     for a, b in zip(results[0][True], results[1][True]):
         assert torch.equal(a, b), "the ranks differ"
+
+
+def test_a_param_group_added_mid_run_matches_one_process(tmp_path):
+    steps, add_at = 7, 3
+    results = _spawn("_added_group", 2, tmp_path, steps, add_at)
+    want = _added_group(0, 1, steps, add_at)
+    for step in range(steps):
+        for i, (a, b) in enumerate(zip(*(r["trajectory"][step] for r in results))):
+            assert torch.equal(a, b), f"step {step} param {i}: the ranks differ"
+    _assert_trajectories(results[0]["trajectory"], want["trajectory"], "add_param_group")
+    _assert_states(results[0]["state"], want["state"], "state after add_param_group")
 
 
 def test_low_precision_and_a_rank_without_gradients(tmp_path):
