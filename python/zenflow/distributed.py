@@ -136,16 +136,20 @@ class _EngineCollectives:
         out_address: int,
         out_count: int,
         dtype: str,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The collective's input and output, and the engine's output buffer (the output
+        itself, unless the collective runs on host copies: then `_back` copies it there)."""
         source = self._view(what, in_address, in_count, dtype)
         target = self._view(what, out_address, out_count, dtype)
+        if self._staged:  # host copies: they never overlap
+            return source.cpu(), torch.empty_like(target, device="cpu"), target
         size = source.element_size()
         if (
             in_address < out_address + out_count * size
             and out_address < in_address + in_count * size
         ):
             source = source.clone()  # overlapping buffers: not every backend takes them in place
-        return source, target
+        return source, target, target
 
     def reduce_scatter_sum(
         self, in_address: int, out_address: int, count: int, dtype: str, stream: int
@@ -153,7 +157,7 @@ class _EngineCollectives:
         if count == 0:
             return
         with self._stream(stream):
-            source, target = self._in_out(
+            source, out, target = self._in_out(
                 "reduce_scatter_sum",
                 in_address,
                 count * self._world_size,
@@ -161,16 +165,12 @@ class _EngineCollectives:
                 count,
                 dtype,
             )
-            host_source = self._host(source)
-            host_target = torch.empty_like(target, device="cpu") if self._staged else target
             if self._list_reduce_scatter:
-                chunks = list(host_source.chunk(self._world_size))
-                dist.reduce_scatter(host_target, chunks, op=dist.ReduceOp.SUM, group=self._group)
+                chunks = list(source.chunk(self._world_size))
+                dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=self._group)
             else:
-                _reduce_scatter_tensor(
-                    host_target, host_source, op=dist.ReduceOp.SUM, group=self._group
-                )
-            self._back(target, host_target)
+                _reduce_scatter_tensor(out, source, op=dist.ReduceOp.SUM, group=self._group)
+            self._back(target, out)
 
     def all_gather(
         self, in_address: int, out_address: int, count: int, dtype: str, stream: int
@@ -178,12 +178,11 @@ class _EngineCollectives:
         if count == 0:
             return
         with self._stream(stream):
-            source, target = self._in_out(
+            source, out, target = self._in_out(
                 "all_gather", in_address, count, out_address, count * self._world_size, dtype
             )
-            host_target = torch.empty_like(target, device="cpu") if self._staged else target
-            _all_gather_tensor(host_target, self._host(source), group=self._group)
-            self._back(target, host_target)
+            _all_gather_tensor(out, source, group=self._group)
+            self._back(target, out)
 
 
 class DataParallel:

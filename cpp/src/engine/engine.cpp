@@ -21,8 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 bool finite_at_least(double value, double low) { return std::isfinite(value) && value >= low; }
 
 void check_config(const zf_engine_config& c) {

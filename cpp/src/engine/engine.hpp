@@ -31,6 +31,9 @@
 
 namespace zf {
 
+// Every region of the engine's device memory starts 256-byte aligned.
+inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 class Engine {
  public:
   Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
@@ -194,6 +197,21 @@ class Engine {
   void finish_update(double* stall);
   void flush_internal();
   void flush_on_every_rank();
+  // A bucket's matrices, for a pack or scatter: their gradients, or the parameters.
+  void bind_gradients(Bucket& b, const zf_tensor* grads);
+  void bind_weights(Bucket& b);
+  // Data parallel: while it lives, a host-lane failure waits for the next agreement instead
+  // of being raised mid-step (the ranks are inside the step's collectives).
+  class ParallelStepScope {
+   public:
+    explicit ParallelStepScope(Engine& engine) : engine_(engine) { engine_.in_parallel_step_ = engine_.parallel(); }
+    ~ParallelStepScope() { engine_.in_parallel_step_ = false; }
+    ParallelStepScope(const ParallelStepScope&) = delete;
+    ParallelStepScope& operator=(const ParallelStepScope&) = delete;
+
+   private:
+    Engine& engine_;
+  };
   void window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted);
   void fail_sticky(zf_status status, const std::string& message);
   // Non-finite flags: one slot per parameter (a statistics pass writes the slot of its first).
@@ -212,7 +230,7 @@ class Engine {
   void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
   void reduce_gradients(const zf_tensor* grads, bool whole);
   void share_statistics();
-  void gather_upload(Bucket& b, double* ignored);
+  void gather_upload(Bucket& b);
   // Sums `array_count` float arrays of `floats_each` and `steps` over the ranks (selection).
   void share_entering_columns(float* const* arrays, size_t array_count, size_t floats_each, int32_t* steps,
                               size_t steps_count);

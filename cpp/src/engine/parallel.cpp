@@ -21,8 +21,6 @@
 namespace zf {
 namespace {
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 int64_t chunk_lo(int64_t cols, int rank, int world) { return cols * rank / world; }
 
 }  // namespace
@@ -273,7 +271,7 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
   // Matrices, bucket by bucket, through the scratch.
   for (Bucket& b : buckets_) {
     const size_t element = zf_dtype_size(b.dtype);
-    for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
+    bind_gradients(b, grads);
     if (whole) {
       backend_->pack(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
       all_reduce(scratch, b.selected_elements + b.deferred_elements, b.dtype, &collective_gradient_bytes_);
@@ -315,8 +313,7 @@ void Engine::share_statistics() {
   all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
 }
 
-void Engine::gather_upload(Bucket& b, double* ignored) {
-  (void)ignored;
+void Engine::gather_upload(Bucket& b) {
   // This rank's chunk goes up into the shard buffer (after the compute lane's last use of it),
   // is all-gathered into the scratch, and every rank's chunk is scattered into the weights.
   const size_t element = zf_dtype_size(b.dtype);
@@ -332,7 +329,7 @@ void Engine::gather_upload(Bucket& b, double* ignored) {
       comm_.all_gather(comm_.user, shard, scratch, b.chunk_elements, b.dtype, backend_->compute_stream());
   if (status != ZF_SUCCESS) collective_failed("all_gather", status);
   collective_upload_bytes_ += static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_));
-  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = params_[matrices_[i].param].tensor;
+  bind_weights(b);
   for (int q = 0; q < world_; ++q)
     backend_->scatter(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
                       b.rank_skip_ptrs[static_cast<size_t>(q)].data(),

@@ -124,7 +124,7 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   // The device side: the compact state comes to the host, the exchange runs on the host (out
   // of place: the old and new compact layouts differ), and the new state goes back. It is
   // one matrix's state each way, once per selection period, right after a flush.
-  const size_t floats = (static_cast<size_t>(rows * m.k) * 4 + 255) / 256 * 256;
+  const size_t floats = align256(static_cast<size_t>(rows * m.k) * 4);
   const size_t region = m.has_master ? m.dev_master : m.dev_exp_avg;
   std::vector<uint8_t> old_region(m.compact_bytes), new_region(m.compact_bytes);
   download(old_region.data(), device_ + region, m.compact_bytes);

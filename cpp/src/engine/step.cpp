@@ -122,7 +122,7 @@ size_t Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
     wait_job(slot_jobs_[slot], &stall_back_pressure_);
     slot_jobs_[slot].reset();
   }
-  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
+  bind_gradients(b, grads);
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
   backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
   backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
@@ -274,18 +274,15 @@ const float* Engine::col_sq_on_host(double* stall) {
 
 void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done) {
   // Data parallel: a host-lane failure found mid-step is raised at the next agreement, where
-  // every rank learns of it (the ranks are in the middle of the step's collectives).
-  in_parallel_step_ = parallel();
+  // every rank learns of it.
+  const ParallelStepScope scope(*this);
   try {
     run_step_unguarded(grads, lrs, stats_done);
     cancel_early_buckets();  // released by the step; this only clears the bookkeeping
-    in_parallel_step_ = false;
   } catch (const std::bad_alloc&) {
-    in_parallel_step_ = false;
     cancel_early_buckets();
     throw;
   } catch (const Error& e) {
-    in_parallel_step_ = false;
     cancel_early_buckets();  // a failed step: its early copies are never accumulated
     // A device that failed mid-step leaves the step half done: refuse further steps.
     if (e.status() == ZF_ERROR_CUDA && !sticky_) {
@@ -499,7 +496,7 @@ void Engine::finish_update(double* stall) {
   }
   if (parallel()) {
     for (Bucket& b : buckets_) {
-      if (b.deferred_elements > 0) gather_upload(b, stall);
+      if (b.deferred_elements > 0) gather_upload(b);
     }
     uploads_done_ = backend_->record(Lane::kUp);
     return;
@@ -512,7 +509,7 @@ void Engine::finish_update(double* stall) {
     if (last_scatter_) backend_->wait(Lane::kUp, last_scatter_);
     backend_->copy_up(device_upload, upload_.data() + b.upload_offset, b.packed_bytes);
     backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
-    for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = params_[matrices_[i].param].tensor;
+    bind_weights(b);
     backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_upload);
     last_scatter_ = backend_->record(Lane::kCompute);
     bytes_up_ += static_cast<int64_t>(b.packed_bytes);
@@ -566,14 +563,16 @@ void Engine::flush() {
 void Engine::flush_on_every_rank() {
   // Data parallel, the flush's all-gathers run on every rank: a host-lane failure found in
   // it waits for the next agreement, as in a step.
-  in_parallel_step_ = parallel();
-  try {
-    flush_internal();
-  } catch (...) {
-    in_parallel_step_ = false;
-    throw;
-  }
-  in_parallel_step_ = false;
+  const ParallelStepScope scope(*this);
+  flush_internal();
+}
+
+void Engine::bind_gradients(Bucket& b, const zf_tensor* grads) {
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = grads[matrices_[i].param];
+}
+
+void Engine::bind_weights(Bucket& b) {
+  for (size_t i = b.first; i < b.last; ++i) b.matrix_tensors[i - b.first] = params_[matrices_[i].param].tensor;
 }
 
 }  // namespace zf
