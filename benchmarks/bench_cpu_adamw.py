@@ -19,8 +19,9 @@ Effective GB/s counts the bytes each operation must move: 28 per element for an 
 --defaults: the drop-in question instead (issue 7, item 10): zenflow.CPUAdamW at its
 defaults against torch.optim.AdamW(fused=True), fp32 and bf16 parameters, with nothing set:
 no environment variable (OMP_WAIT_POLICY stays unset), no thread count; interleaved in one
-process. CPUAdamW is also run with its OpenMP pause forced on and off, each variant in its own
-interleaved pair with fused AdamW, to show what the pause buys.
+process. CPUAdamW is also run on zenflow's own threads (set_host_threads("zenflow")), with
+and without its OpenMP pause, each variant in its own interleaved pair with fused AdamW, to
+show what running on torch's OpenMP team buys.
 
     python benchmarks/bench_cpu_adamw.py --defaults           # writes *-cpu-adamw-defaults.md
 """
@@ -444,18 +445,17 @@ def step_bytes(dtype: torch.dtype) -> dict:
 
 def bench_defaults(cases: list, dtypes: list, reps: int, shipped_only: bool = False) -> list:
     """CPUAdamW() against AdamW(fused=True), both at their defaults (lr aside), on the same
-    model shapes. Three separate interleaved pairs, each against its own fused run (a pause
-    of torch's OpenMP workers also costs torch's next parallel region, so variants must not
-    share a loop): CPUAdamW as shipped, with the OpenMP pause forced on for every step, and
-    with it off."""
-    import zenflow.cpu_adamw as cpu_adamw_module
+    model shapes. Separate interleaved pairs, each against its own fused run (a pause of
+    torch's OpenMP workers also costs torch's next parallel region, so variants must not
+    share a loop): CPUAdamW as shipped (its regions on torch's OpenMP team), and on zenflow's
+    own threads (the previous default) with the OpenMP pause from 8M elements, and off."""
     from zenflow import _omp
 
-    shipped = cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS
+    shipped_source = zenflow.host_threads()
     variants = (
-        ("zenflow.CPUAdamW() as shipped", shipped, True),
-        ("zenflow.CPUAdamW(), OpenMP pause on every step", 0, True),
-        ("zenflow.CPUAdamW(), OpenMP pause off", shipped, False),
+        (f"zenflow.CPUAdamW() as shipped (host_threads={shipped_source!r})", shipped_source, True),
+        ("zenflow's own threads, OpenMP pause from 8M elements", "zenflow", True),
+        ("zenflow's own threads, OpenMP pause off", "zenflow", False),
     )
     if shipped_only:
         variants = variants[:1]
@@ -474,20 +474,20 @@ def bench_defaults(cases: list, dtypes: list, reps: int, shipped_only: bool = Fa
         for dtype in dtypes:
             ours = zenflow.CPUAdamW(_model(shapes, dtype, 1), lr=LR)
             fused = torch.optim.AdamW(_model(shapes, dtype, 1), lr=LR, fused=True)
-            for name, threshold, enabled in variants:
-                cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = threshold
-                _omp.set_enabled(enabled)
-                # Order A (roof) B: the roof runs right after CPUAdamW, whose step (at 8M
-                # elements and more) has sent torch's spinning OpenMP workers to sleep; right
-                # after fused AdamW those workers would still spin on the roof's cores.
-                candidates = {name: ours.step}
-                if roof is not None and threshold == shipped and enabled:
+            for index, (name, source, pause) in enumerate(variants):
+                zenflow.set_host_threads(source)
+                _omp.set_enabled(pause)
+                candidates = {name: ours.step, "fused": fused.step}
+                if roof is not None and index == 0:
+                    # Both steps leave torch's OpenMP team spinning: the roof's own threads
+                    # run after a pause (an entry timed apart and not reported), and
+                    # CPUAdamW's next step then pays the team's restart.
+                    candidates["_pause"] = _omp.pause_openmp_workers
                     candidates["roof"] = roof_step
-                candidates["fused"] = fused.step
                 try:
                     medians = interleaved(candidates, reps)
                 finally:
-                    cpu_adamw_module._PAUSE_OPENMP_MIN_ELEMENTS = shipped
+                    zenflow.set_host_threads(shipped_source)
                     _omp.set_enabled(True)
                 per_element = step_bytes(dtype)
                 roof_gbps = gbps(28 * n, medians["roof"]) if "roof" in medians else float("nan")
@@ -655,7 +655,7 @@ def main() -> None:
     parser.add_argument(
         "--shipped-only",
         action="store_true",
-        help="--defaults: only CPUAdamW as shipped (not the OpenMP pause variants)",
+        help="--defaults: only CPUAdamW as shipped (not the own-threads variants)",
     )
     parser.add_argument("--dtypes", default="", help="--defaults: e.g. bfloat16 (default: both)")
     parser.add_argument(

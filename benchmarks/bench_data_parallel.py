@@ -165,6 +165,7 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 
 
 def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Namespace) -> None:
+    code = 0
     try:
         if world_size > 1:
             os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -181,10 +182,15 @@ def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Names
             torch.distributed.barrier()
     except BaseException:
         Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
+        code = 1
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    # The result is on disk; the interpreter's finalization, where torch's distributed
+    # teardown now and then still aborted a child, is skipped.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(world_size: int, args: argparse.Namespace) -> list[dict]:

@@ -6,10 +6,12 @@ applied by a multithreaded SIMD CPU AdamW, asynchronously, every few steps.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from . import ops
 from ._native import native
+from ._omp import openmp_runtime_functions
 from .cpu_adamw import CPUAdamW, default_num_threads
 from .ops._args import integer
 from .optimizer import ZenFlowAdamW, format_stats
@@ -25,6 +27,8 @@ __all__ = [
     "supported_simd_levels",
     "get_num_threads",
     "set_num_threads",
+    "host_threads",
+    "set_host_threads",
     "info",
     "CPUAdamW",
     "default_num_threads",
@@ -87,6 +91,69 @@ def set_num_threads(num_threads: int, cores: list[int] | None = None) -> None:
     native().set_num_threads(num_threads, core_ids)
 
 
+_HOST_THREAD_SOURCES = ("framework", "zenflow")
+
+
+def host_threads() -> str:
+    """Where zenflow's synchronous host ops (`zenflow.ops`, `CPUAdamW`) run their parallel
+    regions: 'framework' (the OpenMP team torch runs its own ops on) or 'zenflow' (threads
+    of zenflow's own). The engine's lanes (`ZenFlowAdamW`) always have threads of their own:
+    they overlap the training loop."""
+    return "framework" if native().parallel_runtime_is_set() else "zenflow"
+
+
+def set_host_threads(source: str) -> None:
+    """Choose where the synchronous host ops run (see `host_threads`).
+
+    'framework' (the default when torch has loaded an OpenMP runtime): the training thread
+    waits inside these ops, and with it torch's OpenMP team, which keeps spinning on the
+    cores for a while after each torch op. Running on that team uses those threads instead
+    of competing with them; get_num_threads() is the team size asked for. 'zenflow':
+    zenflow's own pool, which can be pinned (set_num_threads(..., cores=...)). Results are
+    the same bits either way. The environment variable ZENFLOW_HOST_THREADS sets the choice
+    at import. A process forked afterwards starts on zenflow's own threads.
+    """
+    if source == "framework":
+        functions = openmp_runtime_functions()
+        if functions is None:
+            raise RuntimeError(
+                "source: 'framework' needs the OpenMP runtime torch runs on, and none with the "
+                "GNU OpenMP entry points (GOMP_parallel) is loaded in this process"
+            )
+        native().use_openmp_runtime(*functions)
+    elif source == "zenflow":
+        native().use_own_threads()
+    else:
+        raise ValueError(f"source: expected 'framework' or 'zenflow', got {source!r}")
+
+
+def _choose_host_threads() -> None:
+    """ZENFLOW_HOST_THREADS, or the framework's team when there is one."""
+    requested = os.environ.get("ZENFLOW_HOST_THREADS", "")
+    if requested not in ("", *_HOST_THREAD_SOURCES):
+        warnings.warn(
+            f"zenflow: ZENFLOW_HOST_THREADS={requested!r} is not 'framework' or 'zenflow'; "
+            "using the default",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        requested = ""
+    if requested == "zenflow":
+        return
+    if openmp_runtime_functions() is not None:
+        set_host_threads("framework")
+    elif requested == "framework":
+        warnings.warn(
+            "zenflow: ZENFLOW_HOST_THREADS=framework, but torch has no OpenMP runtime loaded "
+            "here; using zenflow's own threads",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_choose_host_threads()
+
+
 def _warn_about_simd_environment() -> None:
     """ZENFLOW_SIMD set to something the CPU or zenflow cannot honour: say so where Python
     users look (the C core also prints it once to stderr)."""
@@ -113,5 +180,6 @@ def info() -> dict:
         "cuda_architectures": n.cuda_architectures(),
         "gpus": gpus,
         "host_threads": n.get_num_threads(),
+        "host_threads_source": host_threads(),
         "host_cpus": n.host_cpu_count(),
     }

@@ -395,9 +395,11 @@ class CPUAdamW(torch.optim.Optimizer):
 
     num_threads: resize zenflow's (process-wide) host pool; None keeps it (by default one
     thread per usable core: the training loop waits inside step(), so the cores it leaves
-    idle are used). Before a large update (8M elements or more), the idle OpenMP workers of
-    torch are sent to sleep (omp_pause_resource_all), so that they do not spin on the cores
-    the pool needs.
+    idle are used). The pool runs on torch's own OpenMP team by default
+    (zenflow.host_threads()), the threads that would otherwise spin idle after the backward
+    pass. On zenflow's own threads instead, a large update (8M elements or more) first sends
+    torch's idle OpenMP workers to sleep (omp_pause_resource_all), so that they do not spin
+    on the cores the pool needs.
     """
 
     def __init__(
@@ -516,7 +518,12 @@ class CPUAdamW(torch.optim.Optimizer):
         if len(runs) > 1:
             for run in runs:
                 run.check_and_make_contiguous()
-        if sum(run.elements for run in runs) >= _PAUSE_OPENMP_MIN_ELEMENTS:
+        # On zenflow's own threads, torch's spinning OpenMP team would take their cores; on
+        # that team itself (zenflow.host_threads() == "framework") there is nothing to pause.
+        if (
+            sum(run.elements for run in runs) >= _PAUSE_OPENMP_MIN_ELEMENTS
+            and not native().parallel_runtime_is_set()
+        ):
             pause_openmp_workers()
         for run in runs:
             run.execute(retry=len(runs) == 1)

@@ -52,6 +52,15 @@ static int all_equal(const float* values, int n, float expected) {
 }
 
 /* ---- types.h: version, errors, dtypes, SIMD, threads, CUDA queries ---- */
+/* A parallel runtime of one thread that runs a team of `num_threads` shares in turn: the
+ * contract of zf_parallel_run kept without threads. */
+static int serial_runtime_regions = 0;
+static void run_serially(void* context, zf_parallel_body body, void* body_context, int num_threads) {
+  int i;
+  *(int*)context += 1;
+  for (i = 0; i < num_threads; ++i) body(body_context, i, num_threads);
+}
+
 static void check_runtime_calls(void) {
   char name[64];
   const zf_dtype dtypes[5] = {ZF_DTYPE_F32, ZF_DTYPE_F16, ZF_DTYPE_BF16, ZF_DTYPE_I32, ZF_DTYPE_I64};
@@ -103,6 +112,44 @@ static void check_runtime_calls(void) {
   EXPECT(zf_get_num_threads() == 2); /* a failed resize keeps the pool */
   EXPECT_OK(zf_set_num_threads(threads, NULL, 0));
 
+  /* A parallel runtime: the pool's regions go to it, pinning is refused while it is set,
+   * and NULL gives the regions back to zenflow's threads. */
+  EXPECT(zf_parallel_runtime_is_set() == 0);
+  EXPECT_OK(zf_set_parallel_runtime(&run_serially, &serial_runtime_regions));
+  EXPECT(zf_parallel_runtime_is_set() == 1);
+  EXPECT_OK(zf_set_num_threads(3, NULL, 0));
+  EXPECT(zf_get_num_threads() == 3);
+  {
+    const int cores[1] = {0};
+    EXPECT_ERROR(zf_set_num_threads(2, cores, 1), ZF_ERROR_INVALID_VALUE, "cores");
+    EXPECT(zf_get_num_threads() == 3);
+  }
+  {
+    static float p[1 << 16], m[1 << 16], v[1 << 16], g[1 << 16];
+    const int n = 1 << 16;
+    const int64_t step = 1;
+    const double lr = 0.1, weight_decay = 0.0;
+    const zf_adam_hparams hparams = ZF_ADAM_HPARAMS_DEFAULT;
+    zf_tensor p_t = tensor_1d(p, ZF_DTYPE_F32, n), m_t = tensor_1d(m, ZF_DTYPE_F32, n),
+              v_t = tensor_1d(v, ZF_DTYPE_F32, n), g_t = tensor_1d(g, ZF_DTYPE_F32, n);
+    int i;
+    for (i = 0; i < n; ++i) {
+      p[i] = 1.0f;
+      g[i] = (i % 2) ? 1.0f : -1.0f;
+    }
+    EXPECT_OK(zf_cpu_adamw_step(&p_t, &m_t, &v_t, &g_t, NULL, 1, &step, &lr, &weight_decay, &hparams, 1.0f, 0));
+    EXPECT(serial_runtime_regions >= 1);
+    /* Adam's first step moves every weight by lr against the sign of its gradient. */
+    for (i = 0; i < n; ++i) {
+      if (fabsf(p[i] - ((i % 2) ? 0.9f : 1.1f)) > 1e-6f) break;
+    }
+    EXPECT(i == n);
+  }
+  EXPECT_OK(zf_set_parallel_runtime(NULL, NULL));
+  EXPECT(zf_parallel_runtime_is_set() == 0);
+  EXPECT(zf_get_num_threads() == 3);
+  EXPECT_OK(zf_set_num_threads(threads, NULL, 0));
+
   EXPECT(zf_cuda_compiled() == 0 || zf_cuda_compiled() == 1);
   EXPECT(zf_cuda_architectures() != NULL);
   EXPECT((zf_cuda_compiled() == 0) == (zf_cuda_architectures()[0] == '\0'));
@@ -119,7 +166,7 @@ static void check_runtime_calls(void) {
 
 /* ---- the ops: column statistics, top-k, pack/scatter, layouts ---- */
 static void check_column_ops(void) {
-  float grad[2 * 3] = {1, 2, 3, 4, 5, 6}, col_sq[3], total = -1, packed[4], restored[6];
+  float grad[2 * 3] = {1, 2, 3, 4, 5, 6}, col_sq[3], total = -1, packed[4] = {-1, -1, -1, -1}, restored[6];
   int32_t flag = -1, picked[2] = {-1, -1}, selected = 1, bad_selected = 3;
   int64_t rows[2] = {2, 3}, cols[2] = {4, 5}, counts[2] = {1, 0}, offsets[3] = {-1, -1, -1};
   zf_tensor g = t2(grad, ZF_DTYPE_F32, 2, 3), out = tensor_1d(col_sq, ZF_DTYPE_F32, 3);
@@ -193,7 +240,7 @@ static void check_column_ops(void) {
       EXPECT_ERROR(zf_column_stats(&bad, &cuda_out, 1, &cuda_total, &cuda_flag, 0, NULL, NULL, NULL),
                    ZF_ERROR_NOT_SUPPORTED, "without CUDA");
     }
-    EXPECT(packed[0] == packed[0]);
+    EXPECT(packed[0] == -1.0f); /* the failed call wrote nothing */
   }
   /* Tensors of one call on two devices. */
   if (!zf_cuda_compiled()) {

@@ -28,5 +28,7 @@ def simd_level(request):
 @pytest.fixture
 def restore_threads():
     previous = zenflow.get_num_threads()
+    source = zenflow.host_threads()
     yield
+    zenflow.set_host_threads(source)
     zenflow.set_num_threads(previous)

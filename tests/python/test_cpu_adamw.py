@@ -492,9 +492,10 @@ def test_openmp_pause_leaves_torch_working():
         _omp.set_enabled(True)
 
 
-def test_large_step_with_openmp_pause_matches_torch(monkeypatch):
+def test_large_step_with_openmp_pause_matches_torch(monkeypatch, restore_threads):
     import zenflow.cpu_adamw as module
 
+    zenflow.set_host_threads("zenflow")  # the pause only runs with zenflow's own threads
     monkeypatch.setattr(module, "_PAUSE_OPENMP_MIN_ELEMENTS", 1)
     ours_params, ref_params = make_model(), make_model()
     ours = zenflow.CPUAdamW(ours_params, lr=1e-2)

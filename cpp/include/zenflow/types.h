@@ -119,10 +119,11 @@ ZF_API const char* zf_simd_level_name(zf_simd_level level);
 /* ---- host thread pool ---- */
 /*
  * zenflow's host kernels run on a pool of worker threads that zenflow owns (no OpenMP),
- * separate from the framework's intra-op threads. This process-wide pool runs the plain
- * ops, which are synchronous: the calling thread waits inside them, and with it the
- * framework, so by default the pool has one thread per usable core. (Work that overlaps the
- * training loop, the engine's host lane, runs on pools of its own sized by the
+ * separate from the framework's intra-op threads, or on the framework's own parallel
+ * runtime when the caller hands it over (zf_set_parallel_runtime below). This process-wide
+ * pool runs the plain ops, which are synchronous: the calling thread waits inside them, and
+ * with it the framework, so by default the pool has one thread per usable core. (Work that
+ * overlaps the training loop, the engine's host lane, runs on pools of its own sized by the
  * pt_reserved_cores_perc split instead.) The calling thread takes part in every parallel
  * region, so a pool of size 1 has no extra thread. Results never depend on the thread count.
  */
@@ -137,6 +138,39 @@ ZF_API int zf_get_num_threads(void);
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores);
 /* Logical CPUs usable by this process. */
 ZF_API int zf_host_cpu_count(void);
+
+/*
+ * Running the process-wide pool's regions on a parallel runtime the caller already has
+ * (the framework's OpenMP team, say) instead of on zenflow's threads. The plain ops are
+ * synchronous: while one runs, the framework's own intra-op threads have nothing to do, but
+ * an OpenMP team keeps spinning for a while after each region and takes cores from a
+ * second set of threads. Handing the regions to that team uses the threads that are there.
+ *
+ * zf_parallel_body: one thread's share of a region; never throws or jumps out.
+ * zf_parallel_run: must call body(body_context, i, n) exactly once for each i in [0, n),
+ * with the same n (1 <= n <= num_threads) in every call, on up to n threads, and return
+ * only after every call has returned. An OpenMP runtime does this with
+ *     #pragma omp parallel num_threads(num_threads)
+ *     body(body_context, omp_get_thread_num(), omp_get_num_threads());
+ * A team smaller than num_threads is fine: zenflow then runs several threads' shares on
+ * one of its threads, and results never depend on the team size. A call that breaks the
+ * contract (an index out of range, a missing or repeated index) fails the op with
+ * ZF_ERROR_INTERNAL.
+ *
+ * zf_set_parallel_runtime(run, context): from now on the process-wide pool hands its
+ * regions to run(context, ...), asking for zf_get_num_threads() threads; zenflow's own
+ * workers of that pool are stopped. run = NULL goes back to zenflow's own threads, of the
+ * same count. Kernels already running finish where they started. The engine's lanes are
+ * not affected (they overlap the training loop and keep threads of their own). Pinning
+ * (the cores of zf_set_num_threads) is the runtime's business: zf_set_num_threads with
+ * cores fails with INVALID_VALUE while a runtime is set. A child process forked after this
+ * call goes back to zenflow's own threads (a runtime's team is not assumed to survive a
+ * fork). */
+typedef void (*zf_parallel_body)(void* body_context, int thread_index, int thread_count);
+typedef void (*zf_parallel_run)(void* runtime_context, zf_parallel_body body, void* body_context, int num_threads);
+ZF_API zf_status zf_set_parallel_runtime(zf_parallel_run run, void* runtime_context);
+/* 1 while a parallel runtime is set (in this process: 0 in a forked child), else 0. */
+ZF_API int zf_parallel_runtime_is_set(void);
 
 /* ---- CUDA ---- */
 /* 1 if libzenflow was compiled with CUDA kernels. */

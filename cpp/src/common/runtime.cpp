@@ -108,4 +108,16 @@ ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_c
 
 ZF_API int zf_host_cpu_count(void) { return zf::host_cpu_count(); }
 
+ZF_API zf_status zf_set_parallel_runtime(zf_parallel_run run, void* runtime_context) {
+  return zf::api_call([&] { zf::set_global_parallel_runtime(zf::ParallelRuntime{run, runtime_context}); });
+}
+
+ZF_API int zf_parallel_runtime_is_set(void) {
+  try {
+    return zf::global_parallel_runtime_is_set() ? 1 : 0;
+  } catch (...) {
+    return 0;  // only a failed allocation of the pool's state can throw here; none is set then
+  }
+}
+
 }  // extern "C"

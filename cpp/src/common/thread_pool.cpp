@@ -81,6 +81,11 @@ ThreadPool::ThreadPool(int num_threads, std::vector<int> cores) {
   }
 }
 
+ThreadPool::ThreadPool(ParallelRuntime runtime, int num_threads)
+    : runtime_(runtime), runtime_threads_(std::max(1, num_threads)) {
+  require(runtime_.is_set(), ZF_ERROR_INVALID_VALUE, "runtime: a parallel runtime needs a run function, got NULL");
+}
+
 ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::stop_workers() {
@@ -120,9 +125,68 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
+namespace {
+
+// One region handed to a parallel runtime: what each of its threads needs, and what the
+// calls tell about the runtime keeping its contract.
+struct RuntimeRegion {
+  const std::function<void(int, int)>* task = nullptr;
+  int thread_count = 0;  // the pool's size: the thread count every task sees
+  std::vector<std::exception_ptr> errors;
+  std::unique_ptr<std::atomic<int>[]> calls;  // per runtime thread index
+  std::atomic<int> team_size{0};
+  std::atomic<bool> broken_call{false};
+};
+
+// zf_parallel_body for RuntimeRegion: runtime thread i of n runs the tasks of indices
+// i, i + n, ... so that every index runs once whatever the team's size.
+void run_runtime_share(void* context, int thread_index, int team_size) {
+  auto& region = *static_cast<RuntimeRegion*>(context);
+  int expected = 0;
+  if (team_size < 1 || team_size > region.thread_count || thread_index < 0 || thread_index >= team_size ||
+      (!region.team_size.compare_exchange_strong(expected, team_size) && expected != team_size)) {
+    region.broken_call.store(true);
+    return;
+  }
+  region.calls[thread_index].fetch_add(1);
+  PoolTaskScope scope;
+  for (int index = thread_index; index < region.thread_count; index += team_size) {
+    try {
+      (*region.task)(index, region.thread_count);
+    } catch (...) {
+      region.errors[static_cast<size_t>(index)] = std::current_exception();
+    }
+  }
+}
+
+}  // namespace
+
+void ThreadPool::run_on_runtime(const std::function<void(int, int)>& task) {
+  RuntimeRegion region;
+  region.task = &task;
+  region.thread_count = runtime_threads_;
+  region.errors.resize(static_cast<size_t>(runtime_threads_));
+  region.calls = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(runtime_threads_));
+  for (int i = 0; i < runtime_threads_; ++i) region.calls[i].store(0);
+  runtime_.run(runtime_.context, &run_runtime_share, &region, runtime_threads_);
+  const int team = region.team_size.load();
+  bool kept_contract = !region.broken_call.load() && team >= 1;
+  for (int i = 0; kept_contract && i < team; ++i) kept_contract = region.calls[i].load() == 1;
+  require(kept_contract, ZF_ERROR_INTERNAL, "parallel runtime: a region asked for ", runtime_threads_,
+          " threads did not call the body exactly once for each thread index of one team size (team size ", team,
+          ", see zf_set_parallel_runtime)");
+  for (auto& error : region.errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
 void ThreadPool::run(const std::function<void(int, int)>& task) {
   if (inside_pool_task) {
     task(0, 1);
+    return;
+  }
+  if (runtime_.is_set()) {
+    run_on_runtime(task);
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mutex_);
@@ -182,7 +246,13 @@ namespace {
 struct GlobalPoolState {
   std::mutex mutex;
   std::shared_ptr<ThreadPool> pool;
+  ParallelRuntime runtime;
 };
+
+std::shared_ptr<ThreadPool> make_pool(int num_threads, std::vector<int> cores, ParallelRuntime runtime) {
+  if (runtime.is_set()) return std::make_shared<ThreadPool>(runtime, num_threads);
+  return std::make_shared<ThreadPool>(num_threads, std::move(cores));
+}
 
 std::atomic<GlobalPoolState*> global_pool_state_pointer{nullptr};
 
@@ -230,21 +300,47 @@ uint64_t fork_generation() {
 std::shared_ptr<ThreadPool> global_thread_pool() {
   GlobalPoolState& state = global_pool_state();
   std::lock_guard<std::mutex> lock(state.mutex);
-  if (!state.pool) state.pool = std::make_shared<ThreadPool>(default_thread_count());
+  if (!state.pool) state.pool = make_pool(default_thread_count(), {}, state.runtime);
   return state.pool;
 }
 
-void resize_global_thread_pool(int num_threads, std::vector<int> cores) {
-  // Built before the swap: if the OS refuses a thread, the old pool stays in place.
-  auto fresh = std::make_shared<ThreadPool>(num_threads, std::move(cores));
+namespace {
+
+// Swaps in a pool of `num_threads` (or of the current size when 0), built before the swap:
+// if the OS refuses a thread, the old pool stays in place. The old pool is destroyed here, or
+// by the last kernel still running on it. Concurrent calls each install a complete pool.
+void replace_global_pool(int num_threads, std::vector<int> cores, ParallelRuntime runtime, bool set_runtime) {
+  GlobalPoolState& state = global_pool_state();
+  ParallelRuntime chosen;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    chosen = set_runtime ? runtime : state.runtime;
+    if (num_threads == 0) num_threads = state.pool ? state.pool->size() : default_thread_count();
+  }
+  require(cores.empty() || !chosen.is_set(), ZF_ERROR_INVALID_VALUE,
+          "cores: pinning is the parallel runtime's business while one is set (zf_set_parallel_runtime)");
+  std::shared_ptr<ThreadPool> fresh = make_pool(num_threads, std::move(cores), chosen);
   std::shared_ptr<ThreadPool> previous;
   {
-    GlobalPoolState& state = global_pool_state();
     std::lock_guard<std::mutex> lock(state.mutex);
     previous = std::move(state.pool);
     state.pool = std::move(fresh);
+    state.runtime = chosen;
   }
-  // `previous` is destroyed here, or by the last kernel still running on it.
+}
+
+}  // namespace
+
+void resize_global_thread_pool(int num_threads, std::vector<int> cores) {
+  replace_global_pool(num_threads, std::move(cores), ParallelRuntime{}, false);
+}
+
+void set_global_parallel_runtime(ParallelRuntime runtime) { replace_global_pool(0, {}, runtime, true); }
+
+bool global_parallel_runtime_is_set() {
+  GlobalPoolState& state = global_pool_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.runtime.is_set();
 }
 
 // ---- WorkQueue ------------------------------------------------------------------------

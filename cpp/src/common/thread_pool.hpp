@@ -12,6 +12,9 @@
 // a short high-priority job (an accumulate) never waits for a whole low-priority one (a
 // window update), only for the chunk in progress.
 //
+// A pool can also hand its regions to a parallel runtime outside zenflow (the framework's
+// OpenMP team, zf_set_parallel_runtime): it then has no threads of its own.
+//
 // Fork: a child forked while pools exist gets fresh state (pthread_atfork): the global pool
 // is dropped without being joined (its threads do not exist in the child) and recreated on
 // first use. Exit: the global pool is never destroyed, so threads still inside an op at
@@ -28,7 +31,16 @@
 #include <thread>
 #include <vector>
 
+#include "zenflow/types.h"
+
 namespace zf {
+
+// A parallel runtime that runs regions on its own threads (see zf_set_parallel_runtime).
+struct ParallelRuntime {
+  zf_parallel_run run = nullptr;
+  void* context = nullptr;
+  bool is_set() const { return run != nullptr; }
+};
 
 class ThreadPool {
  public:
@@ -38,11 +50,16 @@ class ThreadPool {
   // (ZF_ERROR_OUT_OF_MEMORY) when the OS refuses a thread; the workers already started are
   // then stopped and joined before the exception leaves.
   explicit ThreadPool(int num_threads, std::vector<int> cores = {});
+  // A pool without threads of its own: every region goes to `runtime`, asking for
+  // num_threads threads. Tasks still see thread counts of num_threads: when the runtime's
+  // team is smaller, one of its threads runs several indices' tasks in turn.
+  ThreadPool(ParallelRuntime runtime, int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const { return runtime_.is_set() ? runtime_threads_ : static_cast<int>(workers_.size()) + 1; }
+  bool uses_runtime() const { return runtime_.is_set(); }
 
   // Runs task(thread_index, thread_count) once on every thread, the caller being index 0,
   // and returns when all are done. If any task throws, the first exception (lowest thread
@@ -54,6 +71,10 @@ class ThreadPool {
  private:
   void worker_loop(int index);
   void stop_workers();
+  void run_on_runtime(const std::function<void(int, int)>& task);
+
+  ParallelRuntime runtime_;
+  int runtime_threads_ = 0;
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one region at a time, for this pool only
@@ -80,7 +101,12 @@ std::shared_ptr<ThreadPool> global_thread_pool();
 // creation: in a later generation its threads do not exist, and its mutexes and condition
 // variables may be copies taken while held or waited on, so it must be left untouched.
 uint64_t fork_generation();
+// Fails with ZF_ERROR_INVALID_VALUE for a core list while a parallel runtime is set.
 void resize_global_thread_pool(int num_threads, std::vector<int> cores);
+// Hands the global pool's regions to `runtime` (or back to zenflow's own threads when it is
+// not set), keeping the pool's size. A forked child starts without a runtime.
+void set_global_parallel_runtime(ParallelRuntime runtime);
+bool global_parallel_runtime_is_set();
 // The process-wide pool's default size: every usable core. Its calls are synchronous (the
 // training thread waits inside them, and with it the framework's own threads), so they
 // may use the whole machine.

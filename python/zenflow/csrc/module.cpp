@@ -7,6 +7,42 @@
 
 namespace zf_py {
 
+namespace {
+
+// The OpenMP runtime the framework loaded, reached through the GNU OpenMP ABI, which
+// libgomp exports and LLVM's and Intel's runtimes provide too: GOMP_parallel runs fn(data)
+// on every thread of a new team, the calling thread included, and returns when all have.
+struct OpenMpRuntime {
+  void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+  int (*thread_num)();
+  int (*num_threads)();
+};
+
+struct OpenMpRegion {
+  const OpenMpRuntime* runtime;
+  zf_parallel_body body;
+  void* body_context;
+};
+
+void openmp_team_member(void* data) {
+  const auto* region = static_cast<const OpenMpRegion*>(data);
+  region->body(region->body_context, region->runtime->thread_num(), region->runtime->num_threads());
+}
+
+void run_on_openmp(void* context, zf_parallel_body body, void* body_context, int num_threads) {
+  const auto* runtime = static_cast<const OpenMpRuntime*>(context);
+  OpenMpRegion region{runtime, body, body_context};
+  runtime->parallel(&openmp_team_member, &region, static_cast<unsigned>(num_threads), 0);
+}
+
+template <typename Function>
+Function function_at(uintptr_t address, const char* name) {
+  if (address == 0) throw py::value_error(std::string(name) + ": expected the address of the function, got 0");
+  return reinterpret_cast<Function>(address);
+}
+
+}  // namespace
+
 static void register_runtime(py::module_& m) {
   m.def("version", [] { return std::string(zf_version()); });
   m.def("simd_level_supported", [] { return std::string(zf_simd_level_name(zf_simd_level_supported())); });
@@ -38,6 +74,31 @@ static void register_runtime(py::module_& m) {
       },
       py::arg("num_threads"), py::arg("cores") = std::vector<int>{});
   m.def("host_cpu_count", [] { return zf_host_cpu_count(); });
+  m.def(
+      "use_openmp_runtime",
+      [](uintptr_t parallel, uintptr_t thread_num, uintptr_t num_threads) {
+        // Never freed: a region still running on a previous runtime keeps its context.
+        auto* runtime = new OpenMpRuntime{
+            function_at<decltype(OpenMpRuntime::parallel)>(parallel, "parallel"),
+            function_at<decltype(OpenMpRuntime::thread_num)>(thread_num, "thread_num"),
+            function_at<decltype(OpenMpRuntime::num_threads)>(num_threads, "num_threads")};
+        zf_status status;
+        {
+          py::gil_scoped_release release;  // waits for kernels running on the old pool
+          status = zf_set_parallel_runtime(&run_on_openmp, runtime);
+        }
+        check(status);
+      },
+      py::arg("parallel"), py::arg("thread_num"), py::arg("num_threads"));
+  m.def("use_own_threads", [] {
+    zf_status status;
+    {
+      py::gil_scoped_release release;
+      status = zf_set_parallel_runtime(nullptr, nullptr);
+    }
+    check(status);
+  });
+  m.def("parallel_runtime_is_set", [] { return zf_parallel_runtime_is_set() != 0; });
   m.def("cuda_compiled", [] { return zf_cuda_compiled() != 0; });
   m.def("cuda_architectures", [] { return std::string(zf_cuda_architectures()); });
   m.def("cuda_device_count", [] { return zf_cuda_device_count(); });
