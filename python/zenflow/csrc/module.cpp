@@ -78,10 +78,10 @@ static void register_runtime(py::module_& m) {
       "use_openmp_runtime",
       [](uintptr_t parallel, uintptr_t thread_num, uintptr_t num_threads) {
         // Never freed: a region still running on a previous runtime keeps its context.
-        auto* runtime = new OpenMpRuntime{
-            function_at<decltype(OpenMpRuntime::parallel)>(parallel, "parallel"),
-            function_at<decltype(OpenMpRuntime::thread_num)>(thread_num, "thread_num"),
-            function_at<decltype(OpenMpRuntime::num_threads)>(num_threads, "num_threads")};
+        auto* runtime =
+            new OpenMpRuntime{function_at<decltype(OpenMpRuntime::parallel)>(parallel, "parallel"),
+                              function_at<decltype(OpenMpRuntime::thread_num)>(thread_num, "thread_num"),
+                              function_at<decltype(OpenMpRuntime::num_threads)>(num_threads, "num_threads")};
         zf_status status;
         {
           py::gil_scoped_release release;  // waits for kernels running on the old pool
