@@ -207,9 +207,10 @@ class _FlatBatch:
         if check_state and self.entries_moved():
             return False
         lrs, wds = self.rates(group_values)
-        steps = self.steps.to(torch.int64).add_(1).tolist()
         if not any(missing):
-            return _FlatRun(self, None, grads, steps, lrs, wds)
+            # The steady state: the native call reads and advances the counts itself.
+            return _FlatRun(self, None, grads, None, lrs, wds)
+        steps = self.steps.to(torch.int64).add_(1).tolist()
         index = [i for i, absent in enumerate(missing) if not absent]
         return _FlatRun(
             self,
@@ -228,7 +229,7 @@ class _FlatRun:
         self.batch = batch
         self.index = index  # None: every parameter of the batch
         self.grads = grads
-        self.steps = steps
+        self.steps = steps  # None: the call uses and advances batch.steps itself
         self.lrs = lrs
         self.wds = wds
         if index is None:
@@ -270,7 +271,7 @@ class _FlatRun:
             self.sizes,
             self.grads,
             self.params if low else None,
-            self.steps,
+            [] if self.steps is None else self.steps,
             self.lrs,
             self.wds,
             beta1,
@@ -279,6 +280,7 @@ class _FlatRun:
             mode,
             scale,
             0,
+            batch.steps if self.steps is None else None,
         )
 
     def execute(self, retry: bool) -> None:
@@ -307,9 +309,7 @@ class _FlatRun:
             state[batch.params[i]] = entry
             batch.states[i] = entry
             batch.laid_out += 1
-        if self.index is None:
-            batch.steps.add_(1.0)
-        else:
+        if self.steps is not None:  # (otherwise the native call advanced them)
             batch.steps[self.index] += 1.0
 
 

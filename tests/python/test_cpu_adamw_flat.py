@@ -172,6 +172,46 @@ def test_flat_step_bad_layouts_raise_and_write_nothing():
         assert torch.equal(a, b)
 
 
+def test_flat_step_with_counts_in_place():
+    """CPUAdamW's steady-state call: the binding reads torch's fp32 step counts, uses count + 1,
+    and advances them (with their autograd version) only when the step succeeded."""
+    native = zenflow._native.native()
+    sizes = [8, 5]
+
+    def call(counts, steps=(), grads=None):
+        native.cpu_adamw_step_flat(
+            [torch.ones(8), torch.ones(5)], None, exp_avg, exp_avg_sq, [0, 8], sizes,
+            grads or [torch.ones(8), torch.ones(5)], None, list(steps), [1e-2] * 2, [0.0] * 2,
+            0.9, 0.999, 1e-8, native.ADAM_MODE_ADAMW, 1.0, 0, counts,
+        )  # fmt: skip
+
+    exp_avg, exp_avg_sq = torch.zeros(13), torch.zeros(13)
+    counts = torch.tensor([0.0, 41.0])
+    version = counts._version
+    call(counts)
+    assert counts.tolist() == [1.0, 42.0] and counts._version > version
+    bad_cases = [
+        (torch.tensor([1, 2], dtype=torch.int32), (), "step_counts"),
+        (torch.tensor([1.0]), (), "step_counts"),
+        (torch.tensor([[1.0, 2.0]]), (), "step_counts"),
+        (torch.tensor([1.0, 2.0]), (3, 4), "step_counts"),  # steps and counts both given
+        (torch.tensor([-1.0, 2.0]), (), r"steps\[0\]"),  # a count the step cannot use
+        (torch.tensor([1.0, float("nan")]), (), r"steps\[1\]"),
+        (torch.tensor([1.0, 2.0**31]), (), r"steps\[1\]"),
+    ]
+    for bad, steps, match in bad_cases:
+        before, m_before = bad.clone(), exp_avg.clone()
+        error = TypeError if bad.dtype != torch.float32 else ValueError
+        with pytest.raises(error, match=match):
+            call(bad, steps)
+        assert torch.equal(bad.nan_to_num(), before.nan_to_num())
+        assert torch.equal(exp_avg, m_before)
+    # A call rejected by the C layer (a gradient of the wrong size) leaves the counts as they were.
+    with pytest.raises(ValueError, match=r"grads\[1\]"):
+        call(counts, grads=[torch.ones(8), torch.ones(4)])
+    assert counts.tolist() == [1.0, 42.0]
+
+
 # ---- CPUAdamW ----
 
 

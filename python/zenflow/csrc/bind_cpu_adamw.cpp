@@ -55,14 +55,17 @@ void register_cpu_adamw(py::module_& m) {
       py::arg("mode"), py::arg("grad_scale"), py::arg("flags"));
 
   // The flat-state step: params or master is None; offsets, sizes, steps, lr and weight_decay
-  // are one value per gradient.
+  // are one value per gradient. step_counts (CPUAdamW's steady state): instead of `steps`
+  // (then empty), a float32 CPU tensor of one count per gradient, torch's state["step"]
+  // values; each step uses its count + 1, and only after success are the counts incremented
+  // in place (and the tensor's version bumped), in the same call.
   m.def(
       "cpu_adamw_step_flat",
       [](const py::object& params, const py::object& master, const py::object& exp_avg, const py::object& exp_avg_sq,
          const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, const py::object& grads,
-         const py::object& out_params, const std::vector<int64_t>& steps, const std::vector<double>& lr,
+         const py::object& out_params, std::vector<int64_t> steps, const std::vector<double>& lr,
          const std::vector<double>& weight_decay, double beta1, double beta2, double eps, int mode, float grad_scale,
-         uint32_t flags) {
+         uint32_t flags, const py::object& step_counts) {
         Converter conv;
         const auto g =
             conv.list(grads, "grads", (flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0 ? Access::kWrite : Access::kRead);
@@ -77,6 +80,30 @@ void register_cpu_adamw(py::module_& m) {
         if (!out_params.is_none()) require_length(count, out.size(), "out_params", "grads");
         require_length(count, offsets.size(), "offsets", "grads");
         require_length(count, sizes.size(), "sizes", "grads");
+        float* counts = nullptr;
+        if (!step_counts.is_none()) {
+          require_length(0, steps.size(), "steps", "step_counts (give one or the other)");
+          const zf_tensor c = conv.tensor(step_counts, ArgName{"step_counts"}, Access::kWrite);
+          int64_t numel = 1;
+          for (int d = 0; d < c.ndim; ++d) numel *= c.shape[d];
+          if (c.dtype != ZF_DTYPE_F32) {
+            throw py::type_error(std::string("step_counts: expected float32 counts (torch's state[\"step\"]), got ") +
+                                 zf_dtype_name(c.dtype));
+          }
+          if (c.device.type != ZF_DEVICE_CPU || c.ndim != 1 || c.strides[0] != 1 ||
+              numel != static_cast<int64_t>(count)) {
+            throw py::value_error("step_counts: expected a contiguous 1-D float32 CPU tensor of " +
+                                  std::to_string(count) + " counts (one per gradient)");
+          }
+          counts = static_cast<float*>(c.data);
+          steps.resize(count);
+          for (size_t i = 0; i < count; ++i) {
+            // As torch's int(step): truncated. Out-of-range counts become a step the C call
+            // rejects (steps[i] >= 1), never an undefined float-to-integer conversion.
+            const float value = counts[i];
+            steps[i] = (value >= 0.0f && value < 2147483647.0f) ? static_cast<int64_t>(value) + 1 : 0;
+          }
+        }
         require_length(count, steps.size(), "steps", "grads");
         require_length(count, lr.size(), "lr", "grads");
         require_length(count, weight_decay.size(), "weight_decay", "grads");
@@ -87,11 +114,13 @@ void register_cpu_adamw(py::module_& m) {
                                         sizes.data(), g.data(), out_params.is_none() ? nullptr : out.data(), count,
                                         steps.data(), lr.data(), weight_decay.data(), &h, grad_scale, flags);
         });
+        // Succeeded (run() raises otherwise): the counts advance, as torch's step does.
+        for (size_t i = 0; counts != nullptr && i < count; ++i) counts[i] = static_cast<float>(steps[i]);
       },
       py::arg("params"), py::arg("master"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("offsets"),
       py::arg("sizes"), py::arg("grads"), py::arg("out_params"), py::arg("steps"), py::arg("lr"),
       py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("mode"),
-      py::arg("grad_scale"), py::arg("flags"));
+      py::arg("grad_scale"), py::arg("flags"), py::arg("step_counts") = py::none());
 
   m.def(
       "cpu_adamw_step_skip_columns",
