@@ -67,6 +67,9 @@ def _check_number(name: str, value: Any, low: float, high: float | None = None) 
 
 
 _ENTRIES = ("exp_avg", "exp_avg_sq", "master")
+# What a group's validated values are made of (CPUAdamW._group_values).
+_GROUP_KEYS = ("lr", "weight_decay", "eps", "betas", "decoupled_weight_decay", "maximize")
+_IMMUTABLE_NUMBERS = (float, int, bool)
 _grad_of = attrgetter("grad")
 
 
@@ -452,6 +455,7 @@ class CPUAdamW(torch.optim.Optimizer):
             decoupled_weight_decay=decoupled_weight_decay,
         )
         self._flat_layout: _FlatLayout | None = None
+        self._group_cache: tuple = ((), [])
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -464,6 +468,7 @@ class CPUAdamW(torch.optim.Optimizer):
         super().__setstate__(state)
         # Loaded or unpickled state is laid out again by the next step.
         self._flat_layout = None
+        self._group_cache = ((), [])
         for group in self.param_groups:
             group.setdefault("maximize", False)
             group.setdefault("decoupled_weight_decay", True)
@@ -481,21 +486,7 @@ class CPUAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Per group: validated lr and weight decay, and the hyper-parameters that decide
-        # its kernel batch.
-        group_values = []
-        for index, group in enumerate(self.param_groups):
-            lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
-            wd = _check_number(f"param_groups[{index}].weight_decay", group["weight_decay"], 0.0)
-            eps = _check_number(f"param_groups[{index}].eps", group["eps"], 0.0)
-            betas = group["betas"]
-            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-                raise ValueError(f"param_groups[{index}].betas: expected a pair, got {betas!r}")
-            beta1 = _check_number(f"param_groups[{index}].betas[0]", betas[0], 0.0, 1.0)
-            beta2 = _check_number(f"param_groups[{index}].betas[1]", betas[1], 0.0, 1.0)
-            mode = ADAM_MODES["adamw" if group["decoupled_weight_decay"] else "adam"]
-            scale = -1.0 if group["maximize"] else 1.0
-            group_values.append((lr, wd, (beta1, beta2, eps, mode, scale)))
+        group_values = self._group_values()
         # The layout holds the parameters (their ids cannot be reused while it lives): the
         # same ids in the same groups with the same batch hyper-parameters mean the same
         # layout.
@@ -535,6 +526,41 @@ class CPUAdamW(torch.optim.Optimizer):
             run.finish(self.state)
         layout.snapshot(self.state)
         return loss
+
+    def _group_values(self) -> list:
+        """Per group: validated lr and weight decay, and the hyper-parameters that decide its
+        kernel batch. Reused while every group holds the same immutable values (the same
+        objects: a scheduler's new lr is a new float), so a steady-state step validates
+        nothing twice."""
+        keys = [tuple(map(group.get, _GROUP_KEYS)) for group in self.param_groups]
+        cached_keys, cached_values = self._group_cache
+        if len(keys) == len(cached_keys) and all(
+            all(map(is_, key, cached)) for key, cached in zip(keys, cached_keys)
+        ):
+            return cached_values
+        values = []
+        for index, group in enumerate(self.param_groups):
+            lr = _check_number(f"param_groups[{index}].lr", group["lr"], 0.0)
+            wd = _check_number(f"param_groups[{index}].weight_decay", group["weight_decay"], 0.0)
+            eps = _check_number(f"param_groups[{index}].eps", group["eps"], 0.0)
+            betas = group["betas"]
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"param_groups[{index}].betas: expected a pair, got {betas!r}")
+            beta1 = _check_number(f"param_groups[{index}].betas[0]", betas[0], 0.0, 1.0)
+            beta2 = _check_number(f"param_groups[{index}].betas[1]", betas[1], 0.0, 1.0)
+            mode = ADAM_MODES["adamw" if group["decoupled_weight_decay"] else "adam"]
+            scale = -1.0 if group["maximize"] else 1.0
+            values.append((lr, wd, (beta1, beta2, eps, mode, scale)))
+        # Only values that cannot change in place may be recognised by identity: a tensor lr
+        # or a list of betas is validated again at every step.
+        immutable = all(
+            all(type(v) in _IMMUTABLE_NUMBERS for v in (*key[:3], *key[4:]))
+            and type(key[3]) is tuple
+            and all(type(b) in _IMMUTABLE_NUMBERS for b in key[3])
+            for key in keys
+        )
+        self._group_cache = (keys, values) if immutable else ((), [])
+        return values
 
     @staticmethod
     def _check_param(p: torch.Tensor, grad: torch.Tensor) -> None:

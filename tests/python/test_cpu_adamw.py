@@ -520,3 +520,39 @@ def test_step_counts_of_any_tensor_kind_are_incremented():
     opt.step()
     assert [float(opt.state[p]["step"]) for p in params] == [2.0] * len(params)
     assert all(opt.state[p]["step"]._version > v for p, v in zip(params[1:], versions))
+
+
+def test_group_values_changed_between_steps_are_used():
+    """A steady-state step reuses the validated group values only while they are the same
+    immutable objects: a new float, a tensor lr changed in place and a list of betas changed
+    in place all reach the kernel, as they reach torch's AdamW."""
+    ours_params, ref_params = make_model(), make_model()
+    ours = zenflow.CPUAdamW(groups(ours_params, lr=torch.tensor(1e-2)), lr=1e-2)
+    ref = torch.optim.AdamW(groups(ref_params, lr=torch.tensor(1e-2)), lr=1e-2, foreach=False)
+    ours.param_groups[1]["betas"] = [0.8, 0.99]
+    ref.param_groups[1]["betas"] = [0.8, 0.99]
+    changes = [
+        lambda g: g[0]["lr"].fill_(3e-3),  # in place
+        lambda g: g[1].__setitem__("lr", 5e-4),  # a new float
+        lambda g: g[1]["betas"].__setitem__(0, 0.5),  # a list, in place
+        lambda g: g[0].__setitem__("weight_decay", 0.3),
+        lambda g: None,
+    ]
+    for t, change in enumerate(changes):
+        set_grads(ours_params, t)
+        set_grads(ref_params, t)
+        ours.step()
+        ref.step()
+        for a, b in zip(ours_params, ref_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        change(ours.param_groups)
+        change(ref.param_groups)
+    ours.param_groups[1]["betas"][1] = 1.5  # invalid, in place: still caught
+    set_grads(ours_params, 9)
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\.betas\[1\]"):
+        ours.step()
+    ours.param_groups[1]["betas"] = (0.9, 0.999)
+    ours.step()
+    ours.param_groups[0]["eps"] = -1.0  # a new object after a cached step
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\.eps"):
+        ours.step()
