@@ -141,32 +141,39 @@ TEST_P(CpuAdamwLevels, MatchesScalarDefinitionBitForBit) {
   zenflow::ScopedSimdLevel simd(level);
   std::mt19937_64 rng(17 + level * 3 + grad_dtype);
   // Around 256 elements: where the kernel's prefetching loop hands over to the plain one.
-  for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{255}, size_t{256}, size_t{257},
-                         size_t{264}, size_t{273}, size_t{1000}, size_t{40099}}) {
-    for (const zf_adam_mode mode : {ZF_ADAM_MODE_ADAMW, ZF_ADAM_MODE_ADAM}) {
-      for (const int out_kind : {-1, int{ZF_DTYPE_F32}, int{ZF_DTYPE_BF16}, int{ZF_DTYPE_F16}}) {
-        for (const bool zero_grad : {false, true}) {
-          const zf_adam_hparams h = zenflow::adam_hparams(0.9, 0.999, 1e-8, mode);
-          AdamState state = random_state(n, grad_dtype, rng);
-          AdamState expected = state;
-          Buffer out(out_kind < 0 ? ZF_DTYPE_F32 : static_cast<zf_dtype>(out_kind), n);
-          const float scale = 0.25f;
-          step(state, out_kind < 0 ? nullptr : &out, 3, h, scale, zero_grad ? ZF_CPU_ADAMW_ZERO_GRAD : 0u);
-          step_reference(expected, 3, h, scale);
-          if (zero_grad) expected.grad = Buffer(grad_dtype, n);
-          ASSERT_TRUE(state == expected) << "n=" << n << " mode=" << mode << " out=" << out_kind
-                                         << " zero_grad=" << zero_grad;
-          if (out_kind >= 0) {
-            for (size_t i = 0; i < n; ++i) {
-              Buffer one(out.dtype, 1);
-              one.set(0, state.param[i]);
-              ASSERT_EQ(out.get(i), one.get(0)) << "upload copy, element " << i;
+  // The prefetches run only for calls larger than the cache: a pretended 1-byte cache turns
+  // them on at every size, a huge one off.
+  struct CacheOverride {
+    ~CacheOverride() { zf::set_last_level_cache_bytes_for_testing(0); }
+  } restore;
+  for (const int64_t cache_bytes : {int64_t{1}, int64_t{1} << 50})
+    for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{255}, size_t{256}, size_t{257},
+                           size_t{264}, size_t{273}, size_t{1000}, size_t{40099}}) {
+      zf::set_last_level_cache_bytes_for_testing(cache_bytes);
+      for (const zf_adam_mode mode : {ZF_ADAM_MODE_ADAMW, ZF_ADAM_MODE_ADAM}) {
+        for (const int out_kind : {-1, int{ZF_DTYPE_F32}, int{ZF_DTYPE_BF16}, int{ZF_DTYPE_F16}}) {
+          for (const bool zero_grad : {false, true}) {
+            const zf_adam_hparams h = zenflow::adam_hparams(0.9, 0.999, 1e-8, mode);
+            AdamState state = random_state(n, grad_dtype, rng);
+            AdamState expected = state;
+            Buffer out(out_kind < 0 ? ZF_DTYPE_F32 : static_cast<zf_dtype>(out_kind), n);
+            const float scale = 0.25f;
+            step(state, out_kind < 0 ? nullptr : &out, 3, h, scale, zero_grad ? ZF_CPU_ADAMW_ZERO_GRAD : 0u);
+            step_reference(expected, 3, h, scale);
+            if (zero_grad) expected.grad = Buffer(grad_dtype, n);
+            ASSERT_TRUE(state == expected) << "n=" << n << " mode=" << mode << " out=" << out_kind
+                                           << " zero_grad=" << zero_grad << " cache=" << cache_bytes;
+            if (out_kind >= 0) {
+              for (size_t i = 0; i < n; ++i) {
+                Buffer one(out.dtype, 1);
+                one.set(0, state.param[i]);
+                ASSERT_EQ(out.get(i), one.get(0)) << "upload copy, element " << i;
+              }
             }
           }
         }
       }
     }
-  }
 }
 
 TEST_P(CpuAdamwLevels, TwentyStepsWithinFloat32RoundingOfFloat64) {

@@ -116,6 +116,11 @@ int default_thread_count();
 // at least 1.
 int reserved_split_thread_count(double reserved_share);
 int host_cpu_count();
+// Bytes of the largest CPU cache (the last level) as Linux reports it for CPU 0, read once;
+// 32 MiB where it is not reported.
+int64_t last_level_cache_bytes();
+// For tests: overrides last_level_cache_bytes() (0 restores the real value).
+void set_last_level_cache_bytes_for_testing(int64_t bytes);
 
 // ---- testing hooks ----------------------------------------------------------------------
 // For tests only: they change process-wide behaviour and are not thread-safe against pools

@@ -24,6 +24,12 @@ namespace {
 // it no longer fits in cache, and is next read by the upload, not by this core.
 constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 
+// Whether a step over `elements` elements prefetches its read streams: when the fp32 master,
+// m and v and an fp32 gradient (16 bytes per element) exceed the last-level cache, the data
+// comes from memory and the prefetches fill gaps the hardware prefetchers leave; below,
+// the data is in cache and prefetches only cost instructions.
+inline bool prefetch_reads(int64_t elements) { return elements * 16 > last_level_cache_bytes(); }
+
 // Bytes per element of the float dtypes the kernels take (f32, bf16, f16).
 inline int64_t float_dtype_size(zf_dtype dtype) { return dtype == ZF_DTYPE_F32 ? 4 : 2; }
 
@@ -169,7 +175,7 @@ namespace {
 // A piece's kernel arguments for the per-tensor steps (AdamwStepPlan, AdamwFlatStepPlan),
 // `offset` elements into tensor i: everything but the state pointers, where they differ.
 simd::AdamStepArgs tensor_piece_args(const zf_tensor& grad, const zf_tensor* out, zf_dtype grad_dtype,
-                                     zf_dtype out_dtype, int64_t offset, bool zero_grad, bool stream_out,
+                                     zf_dtype out_dtype, int64_t offset, bool zero_grad, bool stream_out, bool prefetch,
                                      float grad_scale, const AdamStepScalars& scalars) {
   simd::AdamStepArgs args;
   args.grad = element_pointer(grad.data, grad_dtype, offset);
@@ -178,6 +184,7 @@ simd::AdamStepArgs tensor_piece_args(const zf_tensor& grad, const zf_tensor* out
   args.out_dtype = out_dtype;
   args.zero_grad = zero_grad;
   args.stream_out = stream_out;
+  args.prefetch = prefetch;
   args.grad_scale = grad_scale;
   args.scalars = scalars;
   return args;
@@ -226,12 +233,13 @@ void AdamwStepPlan::run(ThreadPool& pool, const AdamwStepPointers& pointers, con
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
+  const bool prefetch = prefetch_reads(pieces_.total());
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
-    simd::AdamStepArgs args =
-        tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr, tensor.grad_dtype,
-                          tensor.out_dtype, offset, zero_grad, stream_out, values.grad_scale, scalars_[piece.scalars]);
+    simd::AdamStepArgs args = tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
+                                                tensor.grad_dtype, tensor.out_dtype, offset, zero_grad, stream_out,
+                                                prefetch, values.grad_scale, scalars_[piece.scalars]);
     args.param = static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = static_cast<float*>(pointers.exp_avgs[i].data) + offset;
     args.exp_avg_sq = static_cast<float*>(pointers.exp_avg_sqs[i].data) + offset;
@@ -304,13 +312,14 @@ void AdamwFlatStepPlan::run(ThreadPool& pool, const AdamwFlatStepPointers& point
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
+  const bool prefetch = prefetch_reads(pieces_.total());
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
     const int64_t state = piece.state_offset + offset;
-    simd::AdamStepArgs args =
-        tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr, tensor.grad_dtype,
-                          tensor.out_dtype, offset, zero_grad, stream_out, values.grad_scale, scalars_[piece.scalars]);
+    simd::AdamStepArgs args = tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
+                                                tensor.grad_dtype, tensor.out_dtype, offset, zero_grad, stream_out,
+                                                prefetch, values.grad_scale, scalars_[piece.scalars]);
     args.param = flat_master_ ? pointers.master + state : static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = pointers.exp_avg + state;
     args.exp_avg_sq = pointers.exp_avg_sq + state;
@@ -418,6 +427,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
+  const bool prefetch = prefetch_reads(pieces_.total());
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const zf_column_state& state = pointers.state[i];
@@ -434,6 +444,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
     args.out_dtype = packed_out_dtype_;
     args.zero_grad = zero_grad;
     args.stream_out = stream_out;
+    args.prefetch = prefetch;
     args.grad_scale = values.grad_scale;
     args.scalars = scalars_[piece.scalars];
     kernels.adam_step(args, length);

@@ -24,6 +24,7 @@ struct AdamStepArgs {
   zf_dtype out_dtype;
   bool zero_grad;
   bool stream_out;   // a bf16/f16 `out` is written with non-temporal stores (large calls)
+  bool prefetch;     // the read streams are prefetched ahead (calls larger than the cache)
   float grad_scale;  // applied to the gradient before anything else
   AdamStepScalars scalars;
 };
