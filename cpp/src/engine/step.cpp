@@ -458,6 +458,12 @@ void Engine::start_update() {
   std::vector<WorkQueue::Chunk> chunks;
   const int acc = acc_current_;
   const float scale = 1.0f / static_cast<float>(steps_accumulated_);
+  // The whole window streams through the cache one matrix after the other: each call
+  // prefetches as the size of the whole update says, not as its own matrix's does.
+  int64_t window_elements = 0;
+  for (const Matrix& m : matrices_) {
+    window_elements += m.rows * (m.own_cols - static_cast<int64_t>(m.own_selected.size()));
+  }
   bool any_deferred = false;
   for (Matrix& m : matrices_) {
     any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
@@ -469,15 +475,17 @@ void Engine::start_update() {
     const zf_adam_hparams hparams = hparams_;
     Backend* backend = backend_.get();
     const Event uploaded = uploads_done_;  // U is still being copied up until then
-    chunks.push_back([this, &m, acc, scale, lr, wd, out, hparams, backend, uploaded](ThreadPool& pool) {
-      backend->host_wait(uploaded);
-      const zf_column_state state = host_state(m, true);
-      zf_tensor grad = state.exp_avg;
-      grad.data = m.acc[acc].data();
-      ColumnStepPointers pointers{&state, &grad, nullptr, out};
-      AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_ZERO_GRAD | ZF_CPU_ADAMW_INCREMENT_STEPS};
-      m.update_plan.run(pool, pointers, values);
-    });
+    chunks.push_back(
+        [this, &m, acc, scale, lr, wd, out, hparams, backend, uploaded, window_elements](ThreadPool& pool) {
+          backend->host_wait(uploaded);
+          const zf_column_state state = host_state(m, true);
+          zf_tensor grad = state.exp_avg;
+          grad.data = m.acc[acc].data();
+          ColumnStepPointers pointers{&state, &grad, nullptr, out};
+          AdamRunValues values{
+              &lr, &wd, hparams, scale, ZF_CPU_ADAMW_ZERO_GRAD | ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
+          m.update_plan.run(pool, pointers, values);
+        });
   }
   acc_current_ ^= 1;
   steps_accumulated_ = 0;

@@ -233,7 +233,7 @@ void AdamwStepPlan::run(ThreadPool& pool, const AdamwStepPointers& pointers, con
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(pieces_.total());
+  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
@@ -312,7 +312,7 @@ void AdamwFlatStepPlan::run(ThreadPool& pool, const AdamwFlatStepPointers& point
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(pieces_.total());
+  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
@@ -427,7 +427,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
   const simd::KernelTable& kernels = simd::active_kernels();
   const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(pieces_.total());
+  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const zf_column_state& state = pointers.state[i];

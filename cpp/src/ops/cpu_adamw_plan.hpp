@@ -145,6 +145,10 @@ struct AdamRunValues {
   zf_adam_hparams hparams;
   float grad_scale;
   uint32_t flags;  // ZF_CPU_ADAMW_ZERO_GRAD, ZF_CPU_ADAMW_INCREMENT_STEPS (column step only)
+  // Elements the caller streams through around this call, when more than the call's own (the
+  // engine updates a window one matrix per call): decides, with the cache size, whether the
+  // data comes from memory and the read streams are prefetched. 0: the call's own elements.
+  int64_t working_set_elements = 0;
 };
 
 // ---- zf_cpu_adamw_step: whole tensors ----
