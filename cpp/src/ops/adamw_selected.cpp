@@ -37,16 +37,29 @@ AdamwSelectedPlan::AdamwSelectedPlan(std::vector<AdamwSelectedMatrix> matrices, 
 }
 
 void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* pointers, float grad_scale) {
-  // The step scalars of every column, once per column (not per element); a column whose
-  // count equals the previous column's (the common case) reuses its scalars.
+  // The step scalars of every column, once per column (not per element). A column whose lr,
+  // weight decay and count equal those of the column before it, in this matrix or the
+  // previous one (the common case: one group, one count), reuses its scalars: computing
+  // them (beta^step in double-double) costs about as much as updating a few hundred elements.
+  bool have_previous = false;
+  double previous_lr = 0.0, previous_weight_decay = 0.0;
+  int32_t previous_count = 0;
+  AdamStepScalars previous{};
   for (size_t i = 0; i < matrices_.size(); ++i) {
     const AdamHyperParams hyper{pointers[i].lr, hparams_.beta1,           hparams_.beta2,
                                 hparams_.eps,   pointers[i].weight_decay, hparams_.mode == ZF_ADAM_MODE_ADAMW};
     AdamStepScalars* column_scalars = scalars_.data() + scalar_offsets_[i];
     for (int64_t c = 0; c < matrices_[i].k; ++c) {
       const int32_t count = pointers[i].steps[c];
-      column_scalars[c] = c > 0 && count == pointers[i].steps[c - 1] ? column_scalars[c - 1]
-                                                                     : adam_step_scalars(hyper, int64_t{count} + 1);
+      if (!have_previous || count != previous_count || hyper.lr != previous_lr ||
+          hyper.weight_decay != previous_weight_decay) {
+        previous = adam_step_scalars(hyper, int64_t{count} + 1);
+        previous_count = count;
+        previous_lr = hyper.lr;
+        previous_weight_decay = hyper.weight_decay;
+        have_previous = true;
+      }
+      column_scalars[c] = previous;
     }
   }
   // Walks the elements [begin, end) of matrix i's row-major (r, c) order: whole rows of its
