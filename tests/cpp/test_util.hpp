@@ -2,11 +2,15 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/float_convert.hpp"
+#include "common/thread_pool.hpp"
 #include "zenflow/zenflow.hpp"
 
 namespace zf_test {
@@ -58,6 +62,24 @@ inline std::vector<int32_t> random_selection(int64_t n, int64_t k, std::mt19937_
   all.resize(static_cast<size_t>(k));
   std::sort(all.begin(), all.end());
   return all;
+}
+
+// Runs empty regions on the global pool from a second thread for as long as `change` runs on
+// this one (a resize, a runtime swap): the regions must neither fail nor hang. Returns how
+// many ran.
+inline int regions_run_during(const std::function<void()>& change) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> runs{0};
+  std::thread worker([&] {
+    while (!stop.load()) {
+      zf::global_thread_pool()->run([](int, int) {});
+      runs++;
+    }
+  });
+  change();
+  stop = true;
+  worker.join();
+  return runs.load();
 }
 
 }  // namespace zf_test
