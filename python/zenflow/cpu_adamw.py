@@ -390,7 +390,7 @@ class CPUAdamW(torch.optim.Optimizer):
     step is one fused pass over each batch's flat state (see the module docstring). Every
     parameter sharing betas, eps, mode and precision goes to the native kernel in one call,
     whatever its group (lr and weight decay are per tensor); per-step Python work is about
-    2.5 us per parameter tensor, mostly converting the parameter and its gradient, and does
+    2 us per parameter tensor, mostly converting the parameter and its gradient, and does
     not depend on tensor sizes. A step is all-or-nothing: if it raises, parameters, moments,
     state["step"] and the state's tensors are as they were (a new layout is only recorded
     once every update succeeded). Every written tensor's autograd version is bumped, as
