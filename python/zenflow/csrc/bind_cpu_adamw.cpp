@@ -152,25 +152,6 @@ void register_cpu_adamw(py::module_& m) {
       py::arg("lr"), py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("mode"),
       py::arg("grad_scale"), py::arg("flags"));
 
-  // CPUAdamW's step counts: state["step"] is torch's 1-element fp32 tensor per parameter;
-  // one call adds `value` to all of them (torch._foreach_add_ dispatches once per tensor).
-  m.def(
-      "add_to_scalars",
-      [](const py::object& scalars, float value) {
-        Converter conv;
-        const auto s = conv.list(scalars, "scalars", Access::kWrite);
-        for (size_t i = 0; i < s.size(); ++i) {
-          int64_t numel = 1;
-          for (int d = 0; d < s[i].ndim; ++d) numel *= s[i].shape[d];
-          if (s[i].dtype != ZF_DTYPE_F32 || s[i].device.type != ZF_DEVICE_CPU || numel != 1 || s[i].data == nullptr) {
-            throw py::value_error("scalars[" + std::to_string(i) + "]: expected a 1-element float32 CPU tensor");
-          }
-        }
-        for (const zf_tensor& t : s) *static_cast<float*>(t.data) += value;
-        conv.bump_versions();
-      },
-      py::arg("scalars"), py::arg("value"));
-
   m.def(
       "cpu_accumulate",
       [](const py::object& accumulators, const py::object& selected, const py::object& packed, float scale) {
