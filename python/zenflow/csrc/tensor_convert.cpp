@@ -171,6 +171,24 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
       last_on_cpu = true;
     }
   }
+  py::object shape = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_shape), name, "shape"));
+  py::object strides =
+      py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_stride), name, "strides"));
+  if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr())) type_error(name.str() + ": unexpected shape type");
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+  if (ndim > ZF_MAX_DIMS) value_error(name.str() + ": more than " + std::to_string(ZF_MAX_DIMS) + " dimensions");
+  if (PyTuple_GET_SIZE(strides.ptr()) != ndim) type_error(name.str() + ": strides do not match the shape");
+  out.ndim = static_cast<int32_t>(ndim);
+  bool empty = false;
+  for (Py_ssize_t d = 0; d < ndim; ++d) {
+    out.shape[d] = as_int64(PyTuple_GET_ITEM(shape.ptr(), d), name, "shape");
+    out.strides[d] = as_int64(PyTuple_GET_ITEM(strides.ptr(), d), name, "strides");
+    empty = empty || out.shape[d] == 0;
+  }
+  // An empty tensor has no elements to read or write: neither its sign bit nor its memory
+  // matters, and calls that pass many (a selection change where no column moves) skip two
+  // reads of each. Its data stays NULL, which the C layer accepts for empty tensors.
+  if (empty) return out;
   if (out.dtype != ZF_DTYPE_I32 && out.dtype != ZF_DTYPE_I64) {  // the lazy sign bit exists on float views only
     py::object neg =
         py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_is_neg), name, "sign bit"));
@@ -179,20 +197,8 @@ zf_tensor from_torch(PyObject* obj, const ArgName& name) {
                   ": has torch's lazy negative bit set (a view such as x.conj().imag); call .resolve_neg() first");
     }
   }
-  py::object shape = py::reinterpret_steal<py::object>(checked(PyObject_GetAttr(obj, t.s_shape), name, "shape"));
-  py::object strides =
-      py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_stride), name, "strides"));
   py::object data =
       py::reinterpret_steal<py::object>(checked(PyObject_CallMethodNoArgs(obj, t.s_data_ptr), name, "memory"));
-  if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr())) type_error(name.str() + ": unexpected shape type");
-  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
-  if (ndim > ZF_MAX_DIMS) value_error(name.str() + ": more than " + std::to_string(ZF_MAX_DIMS) + " dimensions");
-  if (PyTuple_GET_SIZE(strides.ptr()) != ndim) type_error(name.str() + ": strides do not match the shape");
-  out.ndim = static_cast<int32_t>(ndim);
-  for (Py_ssize_t d = 0; d < ndim; ++d) {
-    out.shape[d] = as_int64(PyTuple_GET_ITEM(shape.ptr(), d), name, "shape");
-    out.strides[d] = as_int64(PyTuple_GET_ITEM(strides.ptr(), d), name, "strides");
-  }
   out.data = PyLong_AsVoidPtr(data.ptr());
   if (out.data == nullptr && PyErr_Occurred()) {
     const std::string reason = take_python_error();
