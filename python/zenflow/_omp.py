@@ -61,6 +61,7 @@ def _pause_function() -> Callable[[int], int] | None:
     return None
 
 
+@functools.cache
 def openmp_runtime_functions() -> tuple[int, int, int] | None:
     """Addresses of GOMP_parallel, omp_get_thread_num and omp_get_num_threads in the
     framework's OpenMP runtime (the GNU ABI, which LLVM's and Intel's runtimes also

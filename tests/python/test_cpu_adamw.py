@@ -133,6 +133,14 @@ def set_grads(params, step, dtype=None):
         p.grad = torch.randn(p.shape, generator=gen).to(dtype or p.dtype)
 
 
+def step_both(ours, ref, ours_params, ref_params, step):
+    """One step of zenflow's optimizer and of its torch peer on the same gradients."""
+    set_grads(ours_params, step)
+    set_grads(ref_params, step)
+    ours.step()
+    ref.step()
+
+
 def groups(params, **overrides):
     return [
         {"params": params[:2], **overrides},
@@ -157,10 +165,7 @@ def test_cpu_adamw_matches_torch(torch_cls, kwargs, simd_level):
     )
     ref = torch_cls(groups(ref_params), lr=1e-2, foreach=False, **kwargs)
     for t in range(STEPS):
-        set_grads(ours_params, t)
-        set_grads(ref_params, t)
-        ours.step()
-        ref.step()
+        step_both(ours, ref, ours_params, ref_params, t)
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(ours_params, ref_params):
@@ -221,10 +226,7 @@ def test_loads_a_torch_adamw_state_dict():
     ours = zenflow.CPUAdamW(ours_params, lr=1e-2)
     ours.load_state_dict(ref.state_dict())
     for t in range(3, 8):
-        set_grads(ours_params, t)
-        set_grads(ref_params, t)
-        ours.step()
-        ref.step()
+        step_both(ours, ref, ours_params, ref_params, t)
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -501,10 +503,7 @@ def test_large_step_with_openmp_pause_matches_torch(monkeypatch, restore_threads
     ours = zenflow.CPUAdamW(ours_params, lr=1e-2)
     ref = torch.optim.AdamW(ref_params, lr=1e-2, foreach=False)
     for t in range(3):
-        set_grads(ours_params, t)
-        set_grads(ref_params, t)
-        ours.step()
-        ref.step()
+        step_both(ours, ref, ours_params, ref_params, t)
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -539,10 +538,7 @@ def test_group_values_changed_between_steps_are_used():
         lambda g: None,
     ]
     for t, change in enumerate(changes):
-        set_grads(ours_params, t)
-        set_grads(ref_params, t)
-        ours.step()
-        ref.step()
+        step_both(ours, ref, ours_params, ref_params, t)
         for a, b in zip(ours_params, ref_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         change(ours.param_groups)

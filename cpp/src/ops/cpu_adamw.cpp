@@ -30,6 +30,17 @@ constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 // the data is in cache and prefetches only cost instructions.
 inline bool prefetch_reads(int64_t elements) { return elements * 16 > last_level_cache_bytes(); }
 
+// What every piece of a step over `elements` elements shares, decided once per run: whether
+// the gradient is zeroed, the gradient scale, and the two memory choices above.
+simd::AdamStepArgs shared_step_args(int64_t elements, const AdamRunValues& values) {
+  simd::AdamStepArgs args{};
+  args.zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
+  args.stream_out = elements >= kStreamOutMinElements;
+  args.prefetch = prefetch_reads(std::max(elements, values.working_set_elements));
+  args.grad_scale = values.grad_scale;
+  return args;
+}
+
 // Bytes per element of the float dtypes the kernels take (f32, bf16, f16).
 inline int64_t float_dtype_size(zf_dtype dtype) { return dtype == ZF_DTYPE_F32 ? 4 : 2; }
 
@@ -174,18 +185,14 @@ namespace {
 
 // A piece's kernel arguments for the per-tensor steps (AdamwStepPlan, AdamwFlatStepPlan),
 // `offset` elements into tensor i: everything but the state pointers, where they differ.
-simd::AdamStepArgs tensor_piece_args(const zf_tensor& grad, const zf_tensor* out, zf_dtype grad_dtype,
-                                     zf_dtype out_dtype, int64_t offset, bool zero_grad, bool stream_out, bool prefetch,
-                                     float grad_scale, const AdamStepScalars& scalars) {
-  simd::AdamStepArgs args;
+simd::AdamStepArgs tensor_piece_args(const simd::AdamStepArgs& shared, const zf_tensor& grad, const zf_tensor* out,
+                                     zf_dtype grad_dtype, zf_dtype out_dtype, int64_t offset,
+                                     const AdamStepScalars& scalars) {
+  simd::AdamStepArgs args = shared;
   args.grad = element_pointer(grad.data, grad_dtype, offset);
   args.grad_dtype = grad_dtype;
   args.out = out != nullptr ? element_pointer(out->data, out_dtype, offset) : nullptr;
   args.out_dtype = out_dtype;
-  args.zero_grad = zero_grad;
-  args.stream_out = stream_out;
-  args.prefetch = prefetch;
-  args.grad_scale = grad_scale;
   args.scalars = scalars;
   return args;
 }
@@ -231,15 +238,13 @@ void AdamwStepPlan::run(ThreadPool& pool, const AdamwStepPointers& pointers, con
     pieces_.add(i, 0, 0, 0, tensors_[i].elements, scalars_.index_of(values.lr[i], values.weight_decay[i], steps[i]));
   }
   const simd::KernelTable& kernels = simd::active_kernels();
-  const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
-  const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
+  const simd::AdamStepArgs shared = shared_step_args(pieces_.total(), values);
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
-    simd::AdamStepArgs args = tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
-                                                tensor.grad_dtype, tensor.out_dtype, offset, zero_grad, stream_out,
-                                                prefetch, values.grad_scale, scalars_[piece.scalars]);
+    simd::AdamStepArgs args =
+        tensor_piece_args(shared, pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
+                          tensor.grad_dtype, tensor.out_dtype, offset, scalars_[piece.scalars]);
     args.param = static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = static_cast<float*>(pointers.exp_avgs[i].data) + offset;
     args.exp_avg_sq = static_cast<float*>(pointers.exp_avg_sqs[i].data) + offset;
@@ -310,16 +315,14 @@ void AdamwFlatStepPlan::run(ThreadPool& pool, const AdamwFlatStepPointers& point
                 scalars_.index_of(values.lr[i], values.weight_decay[i], steps[i]));
   }
   const simd::KernelTable& kernels = simd::active_kernels();
-  const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
-  const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
+  const simd::AdamStepArgs shared = shared_step_args(pieces_.total(), values);
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const Tensor& tensor = tensors_[i];
     const int64_t state = piece.state_offset + offset;
-    simd::AdamStepArgs args = tensor_piece_args(pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
-                                                tensor.grad_dtype, tensor.out_dtype, offset, zero_grad, stream_out,
-                                                prefetch, values.grad_scale, scalars_[piece.scalars]);
+    simd::AdamStepArgs args =
+        tensor_piece_args(shared, pointers.grads[i], has_out_params_ ? &pointers.out_params[i] : nullptr,
+                          tensor.grad_dtype, tensor.out_dtype, offset, scalars_[piece.scalars]);
     args.param = flat_master_ ? pointers.master + state : static_cast<float*>(pointers.params[i].data) + offset;
     args.exp_avg = pointers.exp_avg + state;
     args.exp_avg_sq = pointers.exp_avg_sq + state;
@@ -425,15 +428,13 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
   }
 
   const simd::KernelTable& kernels = simd::active_kernels();
-  const bool zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
-  const bool stream_out = pieces_.total() >= kStreamOutMinElements;
-  const bool prefetch = prefetch_reads(std::max(pieces_.total(), values.working_set_elements));
+  const simd::AdamStepArgs shared = shared_step_args(pieces_.total(), values);
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
     const zf_column_state& state = pointers.state[i];
     const int64_t element = piece.state_offset + offset;
     void* grad_base = packed_grads_ ? pointers.packed_grads : pointers.grads[i].data;
-    simd::AdamStepArgs args;
+    simd::AdamStepArgs args = shared;
     args.param = static_cast<float*>(state.master.data) + element;
     args.exp_avg = static_cast<float*>(state.exp_avg.data) + element;
     args.exp_avg_sq = static_cast<float*>(state.exp_avg_sq.data) + element;
@@ -442,10 +443,6 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
     args.out =
         has_packed_out_ ? element_pointer(pointers.packed_out, packed_out_dtype_, piece.out_offset + offset) : nullptr;
     args.out_dtype = packed_out_dtype_;
-    args.zero_grad = zero_grad;
-    args.stream_out = stream_out;
-    args.prefetch = prefetch;
-    args.grad_scale = values.grad_scale;
     args.scalars = scalars_[piece.scalars];
     kernels.adam_step(args, length);
   });
