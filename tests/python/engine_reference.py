@@ -364,8 +364,9 @@ class ReferenceZenFlow:
             c = np.sum(g_raw * g_raw, axis=0)
             self.window_score[i] = c if self.window_score[i] is None else self.window_score[i] + c
             sel, unsel = p.selected, p.deferred()
-            self.energy_selected[i] += float(np.sum(c[sel]))
-            self.energy_deferred[i] += float(np.sum(c[unsel]))
+            norms = np.sqrt(c)
+            self.energy_selected[i] += float(np.sum(norms[sel]))
+            self.energy_deferred[i] += float(np.sum(norms[unsel]))
             self._adamw_columns(p, sel, g[:, sel], lr)
             p.weights[:, sel] = p.master[:, sel]
             p.accum[:, unsel] += g[:, unsel]

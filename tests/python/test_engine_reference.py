@@ -239,16 +239,16 @@ def test_staleness_with_a_flush_mid_window(overlap):
 
 # ---- update_interval "auto" ----
 #
-# Matrices [1, 4] with k = floor(0.25 * 4) = 1. Matrix "a": column 0 has gradient 2
-# (c = 4), the others 1 (c = 1). So column 0 is selected, E_sel = 4 every step, and after s
-# steps E_def = 3 * s / 3 = s: "a" is due from s = 4 (E_def >= E_sel, equality counts).
-# Matrix "b": column 0 has gradient 3 (c = 9): due from s = 9. A [3, 1] matrix has k = n = 1
-# and is not counted; a vector is dense and not counted.
+# The rule compares column norms (sqrt c). Matrices [1, 4] with k = floor(0.25 * 4) = 1.
+# Matrix "a": column 0 has gradient 4 (norm 4), the others 1 (norm 1). So column 0 is
+# selected, E_sel = 4 every step, and after s steps E_def = 3 * s / 3 = s: "a" is due from
+# s = 4 (E_def >= E_sel, equality counts). Matrix "b": column 0 has gradient 9: due from
+# s = 9. A [3, 1] matrix has k = n = 1 and is not counted; a vector is dense and not counted.
 
 
 def auto_problem():
     params = [np.zeros((1, 4)), np.zeros((1, 4)), np.zeros((3, 1)), np.zeros(5)]
-    grads = [np.array([[2.0, 1, 1, 1]]), np.array([[3.0, 1, 1, 1]]), np.ones((3, 1)), np.ones(5)]
+    grads = [np.array([[4.0, 1, 1, 1]]), np.array([[9.0, 1, 1, 1]]), np.ones((3, 1)), np.ones(5)]
     return params, grads
 
 
@@ -294,14 +294,15 @@ def test_auto_interval_rule(auto_ratio, max_interval, warm_up, expected):
     assert close_steps(ref, grads, 20, warm_up) == expected
 
 
-def test_auto_interval_uses_raw_energy_per_step():
-    """E_sel is per selected column per step, E_def per deferred column summed over the
-    window: with deferred energy 4x lower per step (c = 1 vs 4) the window is 4 steps, and a
-    step of larger deferred energy (column gradients 2, c = 4 each) makes it due at once."""
+def test_auto_interval_uses_column_norms_per_step():
+    """E_sel is the norm of a selected column per step, E_def the norms of a deferred column
+    summed over the window: with deferred norms 4x lower per step (1 vs 4, so 16x lower in
+    squares) the window is 4 steps, and a step of larger deferred gradients (column gradients
+    4) makes it due at once."""
     params = [np.zeros((1, 4))]
     config = dict(topk_ratio=0.25, update_interval="auto", overlap_step=False)
     ref = ReferenceZenFlow(params, [{"params": [0], "lr": 0.1}], config)
-    quiet, loud = np.array([[2.0, 1, 1, 1]]), np.array([[2.0, 2, 2, 2]])
+    quiet, loud = np.array([[4.0, 1, 1, 1]]), np.array([[4.0, 4, 4, 4]])
     sequence = [quiet, quiet, quiet, quiet, loud, quiet, loud]
     closes = []
     for g in sequence:

@@ -107,11 +107,11 @@ typedef struct zf_engine_config {
 
 /*
  * update_interval 0 ("auto"): per matrix with 0 < k < n, over the steps of the current window
- * so far, E_sel = sum of c over the selected columns / (k * steps) and E_def = sum of c over
- * the deferred columns / (n - k), c the column sums of squares of the raw gradients; the
- * matrix is due when E_def >= E_sel. After each step the window closes when
- * (due matrices / counted matrices) >= auto_ratio, or when it has max_update_interval steps
- * (always, when no matrix is counted).
+ * so far, E_sel = sum of sqrt(c) over the selected columns / (k * steps) and E_def = sum of
+ * sqrt(c) over the deferred columns / (n - k), c the column sums of squares of the raw
+ * gradients (so sqrt(c) is a column's gradient norm); the matrix is due when E_def >= E_sel.
+ * After each step the window closes when (due matrices / counted matrices) >= auto_ratio, or
+ * when it has max_update_interval steps (always, when no matrix is counted).
  */
 ZF_API zf_engine_config zf_engine_config_default(void);
 
@@ -292,7 +292,8 @@ ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scal
  *                                first selection);
  *   WINDOW_SCORE (matrix only)   f32 [2, n]: column scores summed over the previous and the
  *                                current window (selection_score WINDOW);
- *   WINDOW_ENERGY (matrix only)  f32 [2]: the auto interval's selected / deferred sums.
+ *   WINDOW_ENERGY (matrix only)  f32 [2]: the auto interval's selected / deferred sums of
+ *                                column norms over the current window.
  * It does not depend on which columns sit where: it loads into an engine with another
  * topk_ratio (a selection that does not fit is redone at the next step), thread count or
  * backend. The parameters' own values are not part of it (restore them as for any

@@ -113,7 +113,7 @@ class Engine {
     size_t dev_master = 0, dev_exp_avg = 0, dev_exp_avg_sq = 0, dev_steps = 0;  // device offsets
     size_t compact_bytes = 0;
     std::vector<float> window_score;  // [2, cols]: previous, current window
-    float energy[2] = {0.0f, 0.0f};   // auto interval: selected, deferred sums this window
+    float energy[2] = {0.0f, 0.0f};   // auto interval: selected, deferred column-norm sums this window
     size_t bucket = 0;
     size_t upload_offset = 0;  // bytes into U (this matrix's packed columns, param dtype)
     ColumnStepPlan update_plan;

@@ -11,9 +11,9 @@
 //       steps in the window == max_update_interval   (always the bound),
 //     where, per matrix with 0 < k < n, over the steps of the window so far,
 //       E_sel = selected_sum / (k * steps),  E_def = deferred_sum / (n - k),
-//     selected_sum / deferred_sum being the column sums of squares c of the raw gradients
-//     summed over the selected / deferred columns and over those steps; the matrix is due
-//     when E_def >= E_sel (matrix_due below). Matrices with k == 0 or k == n are not counted.
+//     selected_sum / deferred_sum being the column norms sqrt(c) of the raw gradients (c the
+//     column sums of squares) summed over the selected / deferred columns and over those
+//     steps; the matrix is due when E_def >= E_sel (matrix_due below). Matrices with k == 0 or k == n are not counted.
 // Selection happens at the first step of window 1 and at the first step of every later
 // window for which steps_since_selection >= period (so with fixed S a "step" interval is
 // rounded up to whole windows), where period is

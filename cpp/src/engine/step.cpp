@@ -401,6 +401,9 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
   // Data parallel, the column sums are of the ranks' summed gradient: the window entries keep
   // those of the mean (as one engine would), so a checkpoint resumes on any world size.
   const float per_rank = 1.0f / static_cast<float>(world_ * world_);
+  // The auto rule sums column norms (sqrt c): the norm of the mean gradient is the summed
+  // gradient's over the world size.
+  const double per_rank_norm = 1.0 / static_cast<double>(world_);
   for (Matrix& m : matrices_) {
     const size_t n = static_cast<size_t>(m.cols);
     const float* col_sq = col_sq_all + m.col_offset;
@@ -414,15 +417,16 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
     double selected_sum = 0.0, deferred_sum = 0.0;
     size_t s = 0;
     for (size_t j = 0; j < n; ++j) {
+      const double norm = std::sqrt(static_cast<double>(col_sq[j]));
       if (s < m.selected.size() && static_cast<size_t>(m.selected[s]) == j) {
-        selected_sum += col_sq[j];
+        selected_sum += norm;
         ++s;
       } else {
-        deferred_sum += col_sq[j];
+        deferred_sum += norm;
       }
     }
-    m.energy[0] = static_cast<float>(m.energy[0] + selected_sum * per_rank);
-    m.energy[1] = static_cast<float>(m.energy[1] + deferred_sum * per_rank);
+    m.energy[0] = static_cast<float>(m.energy[0] + selected_sum * per_rank_norm);
+    m.energy[1] = static_cast<float>(m.energy[1] + deferred_sum * per_rank_norm);
     ++*counted;
     if (Schedule::matrix_due(MatrixEnergy{m.energy[0], m.energy[1], probe.k, probe.n}, schedule_.window_steps()))
       ++*due;
