@@ -2,14 +2,16 @@
 Language Reference and fine-tuned on the standard library's docstrings, with plain AdamW,
 synchronous offload and zenflow, from the same weights and batches (zenflow/demo.py).
 
-What is asserted (CPU, about a minute on 2 cores):
+What is asserted (CPU, about two minutes on 2 cores, 118 s measured):
 * every run learned: the held-out loss fell by a real margin from the pretrained start;
 * synchronous offload (everything on the host, every step) is AdamW to float32 rounding;
-* zenflow with update_interval 2 ends within 2% (relative) of AdamW's held-out loss;
+* zenflow with update_interval "auto" and with update_interval 2 ends within 2% (relative)
+  of AdamW's held-out loss (measured: +1.95% and +1.91%; the auto rule picks windows of about
+  2 steps on this model);
 * zenflow at its defaults (update_interval 4) within 5%: on this small model, which uses
   every column while it adapts to a new domain, a deferred column's one host step per window
-  costs 2 to 4% of held-out loss (benchmarks/results/2026-12-03-demo.md); the bound guards
-  that measurement against regressions.
+  costs 2 to 4% of held-out loss (+3.6% here); the bound guards that measurement against
+  regressions.
 Plus the demo's outputs: the table, the JSON of every number, and the plot.
 """
 
@@ -43,17 +45,18 @@ def results(tmp_path_factory):
         progress=False,
     )
     summary = demo.run_demo(config)
-    interval_2 = demo.run_demo(
-        dataclasses.replace(
-            config, runs=("zenflow",), zenflow_options={"update_interval": 2}, out=None
+    others = {}
+    for interval in (2, "auto"):
+        run = dataclasses.replace(
+            config, runs=("zenflow",), zenflow_options={"update_interval": interval}, out=None
         )
-    )
-    return summary, interval_2["runs"]["zenflow"], out
+        others[interval] = demo.run_demo(run)["runs"]["zenflow"]
+    return summary, others, out
 
 
 def test_every_run_learned(results):
-    summary, interval_2, _ = results
-    for record in [*summary["runs"].values(), interval_2]:
+    summary, others, _ = results
+    for record in [*summary["runs"].values(), *others.values()]:
         start = record["held_out"][0][1]
         assert record["final_held_out_loss"] < start - 0.25, record["run"]
         assert math.isfinite(record["final_train_loss"])
@@ -72,10 +75,14 @@ def test_synchronous_offload_is_adamw(results):
 
 
 def test_zenflow_accuracy_against_adamw(results):
-    summary, interval_2, _ = results
+    summary, others, _ = results
     adamw = summary["runs"]["adamw"]["final_held_out_loss"]
-    assert interval_2["final_held_out_loss"] <= adamw * 1.02
+    for interval, record in others.items():
+        assert record["final_held_out_loss"] <= adamw * 1.02, f"update_interval {interval}"
     assert summary["runs"]["zenflow"]["final_held_out_loss"] <= adamw * 1.05
+    # "auto" adapts: shorter windows than the default 4 on this model
+    auto_windows = others["auto"]["engine_stats"]["windows"]
+    assert auto_windows > summary["runs"]["zenflow"]["engine_stats"]["windows"]
 
 
 def test_zenflow_moves_less_and_keeps_less_on_the_device(results):
