@@ -259,7 +259,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     cores `pt_reserved_cores_perc` leaves over, at least one). The rest of the cores are
     torch's: with `limit_torch_threads` (the default), construction lowers torch's intra-op
     threads (torch.set_num_threads, process-wide) to that share when it is above it, so the
-    background host update never shares a core with torch's spinning OpenMP workers. Call
+    background host update never shares a core with torch's spinning OpenMP workers. A
+    synchronous configuration (overlap_step=False with update_interval=1, or topk_ratio=1)
+    has no background work: torch keeps its threads and the host update takes every core. Call
     `close()` (or drop the optimizer) to join the host threads; interpreter exit joins them.
     """
 
@@ -335,7 +337,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         threads run in the background while torch computes, and torch's OpenMP workers
         spin-wait at their barriers, so a core shared by both stalls every parallel region of
         the model (measured: 2 torch threads beside a background update on 2 cores made a small
-        model's forward and backward several times slower)."""
+        model's forward and backward several times slower). A synchronous configuration
+        (overlap_step off with update_interval 1, or topk_ratio 1) runs no host work beside
+        torch, so it leaves torch's threads alone and the engine's host update takes every core
+        while the step waits for it (the engine's own rule, engine.cpp runs_synchronously)."""
+        s = self._settings
+        if (not s["overlap_step"] and s["update_interval"] == 1) or s["topk_ratio"] >= 1.0:
+            return
         cores = native().host_cpu_count()
         host = self._settings["num_threads"] or default_num_threads(
             self._settings["pt_reserved_cores_perc"]

@@ -13,9 +13,11 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/thread_pool.hpp"
 #include "engine/host_backend.hpp"
 #include "engine/testing.hpp"
 #include "test_engine_util.hpp"
@@ -515,6 +517,40 @@ TEST(EngineBuckets, ConsecutiveMatricesOfOneDtypeUpToTheBucketBytes) {
   stats = engine.stats();
   const size_t slot = (256 + 400 + 255) / 256 * 256;
   EXPECT_GE(static_cast<size_t>(stats.pinned_host_bytes), static_cast<size_t>(c.staging_slots) * slot);
+}
+
+}  // namespace
+
+namespace {
+
+// The automatic thread counts split the cores only when host work can run beside the
+// caller's compute; a synchronous configuration gives both lanes every core.
+TEST(EngineThreads, AutomaticCountsSplitTheCoresOnlyWhenHostWorkOverlaps) {
+  Model model = standard_model(ZF_DTYPE_F32, 3);
+  const int cores = zf::host_cpu_count();
+  const int host_share = zf::reserved_split_thread_count(0.5);
+  struct Case {
+    double topk;
+    int64_t interval;
+    int32_t overlap;
+    bool synchronous;
+  };
+  for (const Case& k : {Case{0.0, 1, 0, true}, Case{0.3, 1, 0, true}, Case{1.0, 4, 1, true}, Case{0.0, 1, 1, false},
+                        Case{0.3, 2, 0, false}, Case{0.3, 0, 0, false}, Case{0.3, 4, 1, false}}) {
+    zf_engine_config c = zf_engine_test::test_config();
+    c.topk_ratio = k.topk;
+    c.update_interval = k.interval;
+    c.overlap_step = k.overlap;
+    c.pt_reserved_cores_perc = 0.5;
+    c.compute_threads = 0;
+    c.host_threads = 0;
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+    const std::string what = "topk " + std::to_string(k.topk) + ", interval " + std::to_string(k.interval) +
+                             ", overlap " + std::to_string(k.overlap);
+    EXPECT_EQ(zf::testing::compute_lane_threads(engine.get()), k.synchronous ? cores : std::max(1, cores - host_share))
+        << what;
+    EXPECT_EQ(zf::testing::host_lane_threads(engine.get()), k.synchronous ? cores : host_share) << what;
+  }
 }
 
 }  // namespace

@@ -1099,3 +1099,31 @@ def test_torch_threads_are_limited_to_the_reserved_share():
         assert torch.get_num_threads() == max(1, cores - 1)
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(topk_ratio=0.0, update_interval=1, overlap_step=False),  # synchronous offload
+        dict(topk_ratio=0.1, update_interval=1, overlap_step=False),
+        dict(topk_ratio=1.0),  # nothing deferred
+    ],
+)
+def test_a_synchronous_configuration_leaves_torch_its_threads(settings):
+    """No host work runs beside torch's compute, so no core is taken from it."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)
+        zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1, **settings)
+        assert torch.get_num_threads() == 8
+        # overlap on, or windows of more than one step: host work runs beside torch
+        for overlapping in (dict(settings, overlap_step=True), dict(settings, update_interval=2)):
+            if overlapping.get("topk_ratio") == 1.0:
+                continue
+            torch.set_num_threads(8)
+            zenflow.ZenFlowAdamW(
+                [torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1, **overlapping
+            )
+            assert torch.get_num_threads() == max(1, zenflow.info()["host_cpus"] - 1)
+    finally:
+        torch.set_num_threads(previous)

@@ -103,6 +103,8 @@ typedef struct zf_engine_config {
   int32_t staging_slots;              /* 4, >= 1: slots in the staging ring */
   int32_t compute_threads;            /* 0 = auto: the cores pt_reserved_cores_perc leaves to the framework */
   int32_t host_threads;               /* 0 = auto: the other cores (at least 1) */
+  /* Both autos take every core when the configuration is synchronous (overlap_step 0 with
+   * update_interval 1, or topk_ratio 1): then no host work runs beside the caller's compute. */
 } zf_engine_config;
 
 /*

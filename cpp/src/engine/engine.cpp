@@ -99,6 +99,12 @@ float read_float(const void* data, zf_dtype dtype, int64_t i) {
   }
 }
 
+// Overlap off with one-step windows (synchronous offload), or nothing deferred: no host work
+// ever runs while the caller computes.
+bool runs_synchronously(const zf_engine_config& c) {
+  return (c.overlap_step == 0 && c.update_interval == 1) || c.topk_ratio >= 1.0;
+}
+
 }  // namespace
 
 Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
@@ -153,9 +159,15 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
     }
     params_.push_back(p);
   }
-  const int host_auto = reserved_split_thread_count(config.pt_reserved_cores_perc);
+  // The automatic thread counts split the cores between the framework (and the compute lane)
+  // and the host lane only when host work can run beside the model's compute. A synchronous
+  // configuration waits for every host update inside its step, so both lanes take every core.
+  const int cores = host_cpu_count();
+  const bool synchronous = runs_synchronously(config);
+  const int host_auto = synchronous ? cores : reserved_split_thread_count(config.pt_reserved_cores_perc);
   const int host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
-  compute_threads_ = config.compute_threads > 0 ? config.compute_threads : std::max(1, host_cpu_count() - host_auto);
+  const int compute_auto = synchronous ? cores : std::max(1, cores - host_auto);
+  compute_threads_ = config.compute_threads > 0 ? config.compute_threads : compute_auto;
   last_lr_.resize(group_count);
   for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
