@@ -747,6 +747,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summary["table"])
     print()
+    if config.device == "cpu" and "zenflow" in summary["runs"]:
+        # The table alone would leave a CPU user wondering why the step is not faster.
+        print(
+            "On a CPU-only machine zenflow removes the stall but sets cores aside for the "
+            "background host update, while synchronous offload keeps every core for the model: "
+            "the step-time gain needs a GPU (--device cuda). See the README's demo section."
+        )
+        print()
     if config.out:
         print(
             f"wrote {config.out}/table.md, results.json"
