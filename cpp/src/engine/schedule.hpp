@@ -13,7 +13,8 @@
 //       E_sel = selected_sum / (k * steps),  E_def = deferred_sum / (n - k),
 //     selected_sum / deferred_sum being the column norms sqrt(c) of the raw gradients (c the
 //     column sums of squares) summed over the selected / deferred columns and over those
-//     steps; the matrix is due when E_def >= E_sel (matrix_due below). Matrices with k == 0 or k == n are not counted.
+//     steps; the matrix is due when E_def >= E_sel (matrix_due below). Matrices with k == 0
+//     or k == n are not counted.
 // Selection happens at the first step of window 1 and at the first step of every later
 // window for which steps_since_selection >= period (so with fixed S a "step" interval is
 // rounded up to whole windows), where period is
