@@ -1,4 +1,5 @@
-// The engine's CUDA backend (docs/design.md section 7): the Backend interface on one device.
+// The engine's CUDA backend (docs/design.md section 7): the Backend interface on one device
+// (an engine over several devices runs one backend per device: engine_group.hpp).
 //
 //   compute  the caller's stream (set_stream): statistics, the step scalars, the selected
 //            AdamW, pack and scatter, device-to-device copies
@@ -30,11 +31,10 @@ namespace {
 
 constexpr int kScalarThreads = 256;
 
-// One block: the chunk sums in parallel, then thread 0 adds them in chunk order and forms
-// the scalars: the host's order exactly (step_scalars.hpp).
-__global__ void __launch_bounds__(kScalarThreads)
-    step_scalars_kernel(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
-                        int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) {
+// One block: the chunk sums in parallel, then thread 0 adds them in chunk order (the host's
+// order exactly, step_scalars.hpp) into this device's partial.
+__device__ void block_scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                                     int64_t flag_count, double* chunk_sums) {
   const int64_t chunks = (columns + kTotalChunk - 1) / kTotalChunk;
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) chunk_sums[c] = column_chunk_sum(col_sq, columns, c);
   __syncthreads();
@@ -43,8 +43,30 @@ __global__ void __launch_bounds__(kScalarThreads)
   for (int64_t c = 0; c < chunks; ++c) total = __dadd_rn(total, chunk_sums[c]);
   int32_t nonfinite = 0;
   for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
-  scalars->total_sq = static_cast<float>(total);
-  scalars->nonfinite = nonfinite;
+  partial->total_sq = total;
+  partial->nonfinite = nonfinite;
+}
+
+// One engine: its partial, combined alone (0 + total is the total: a group of one's bits).
+__global__ void __launch_bounds__(kScalarThreads)
+    step_scalars_kernel(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
+                        int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) {
+  __shared__ ScalarPartial partial;
+  block_scalar_partial(&partial, col_sq, columns, flags, flag_count, chunk_sums);
+  if (threadIdx.x != 0) return;
+  combine_scalar_partials(scalars, &partial, 1);
+  compute_step_scalars(scalars, loss_scale, max_grad_norm);
+}
+
+__global__ void __launch_bounds__(kScalarThreads)
+    scalar_partial_kernel(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                          int64_t flag_count, double* chunk_sums) {
+  block_scalar_partial(partial, col_sq, columns, flags, flag_count, chunk_sums);
+}
+
+__global__ void combine_scalars_kernel(StepScalars* scalars, const ScalarPartial* partials, int64_t count,
+                                       double loss_scale, double max_grad_norm) {
+  combine_scalar_partials(scalars, partials, count);
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 
@@ -123,6 +145,22 @@ class CudaBackend final : public Backend {
     check_launch("step_scalars_kernel");
   }
 
+  void scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                      int64_t flag_count, double* chunk_sums) override {
+    const ScopedDevice guard(device_);
+    scalar_partial_kernel<<<1, kScalarThreads, 0, static_cast<cudaStream_t>(compute_)>>>(partial, col_sq, columns,
+                                                                                         flags, flag_count, chunk_sums);
+    check_launch("scalar_partial_kernel");
+  }
+
+  void combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
+                       double max_grad_norm) override {
+    const ScopedDevice guard(device_);
+    combine_scalars_kernel<<<1, 1, 0, static_cast<cudaStream_t>(compute_)>>>(scalars, partials, count, loss_scale,
+                                                                             max_grad_norm);
+    check_launch("combine_scalars_kernel");
+  }
+
   void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
                       const StepScalars* scalars) override {
     const std::vector<AdamwSelectedMatrix>& matrices = plan.matrices();
@@ -176,6 +214,14 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     const ScopedDevice guard(device_);
     check_cuda(cudaMemsetAsync(device, 0, bytes, stream(Lane::kCompute)), "cudaMemsetAsync");
+  }
+
+  void copy_from_peer(void* dst, const Backend& source, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    const ScopedDevice guard(device_);
+    // Through the driver without peer access enabled (a 16-byte copy per device and step).
+    check_cuda(cudaMemcpyPeerAsync(dst, device_, src, source.device().index, bytes, stream(Lane::kCompute)),
+               "cudaMemcpyPeerAsync");
   }
 
   void copy_down(void* host, const void* device, size_t bytes) override {

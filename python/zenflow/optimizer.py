@@ -9,6 +9,7 @@ gradients of a step to one engine call, torch-style state dicts to the engine's 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -122,17 +123,22 @@ class _Layout:
             )
         self.index_of = {id(p): i for i, p in enumerate(self.params)}
         self.grad_bytes = [p.numel() * p.element_size() for p in self.params]
-        # add_param_group keeps every parameter on one device: the engine's backend.
-        self.device = self.params[0].device if self.params else torch.device("cpu")
+        # add_param_group keeps the parameters all on the CPU or all on CUDA devices. The
+        # engine numbers CUDA devices in increasing index (its device() order).
+        found = {p.device for p in self.params} or {torch.device("cpu")}
+        self.devices = sorted(found, key=lambda d: -1 if d.index is None else d.index)
+        self.device = self.devices[0]
 
 
-def _on_stream(engine: Any, device: torch.device) -> Any:
-    """The engine, told the current CUDA stream of `device` when the parameters live there:
-    its kernels then run after the work that produced the gradients (the backward, on the
-    caller's stream), and the caller's later work runs after them. The stream holds for every
-    later engine call until the next set_stream; the CPU engine has none."""
-    if device.type == "cuda":
-        engine.set_stream(torch.cuda.current_stream(device).cuda_stream)
+def _on_stream(engine: Any, layout: _Layout) -> Any:
+    """The engine, told the current CUDA stream of each of its devices when the parameters
+    live there: its kernels then run after the work that produced the gradients (the
+    backward, on the caller's stream), and the caller's later work runs after them. The
+    stream holds for every later engine call until the next set_stream; the CPU engine has
+    none."""
+    if layout.device.type == "cuda":
+        for index, device in enumerate(layout.devices):
+            engine.set_stream(torch.cuda.current_stream(device).cuda_stream, index)
     return engine
 
 
@@ -156,6 +162,10 @@ class _OverlapHandle:
     def __init__(self, optimizer: ZenFlowAdamW, handles: list):
         self._optimizer = optimizer
         self._handles = handles
+        # Autograd runs the backward of each CUDA device on a thread of its own: with
+        # parameters on several devices, hooks arrive from several threads, and the engine
+        # is driven by one thread at a time.
+        self.lock = threading.Lock()
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -200,10 +210,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     Placement. Parameters on the CPU run on the engine's host backend; parameters on a CUDA
     device run on its CUDA backend (a build of zenflow with CUDA), on the caller's current
     stream, with the engine's device memory taken from torch's caching allocator (so
-    `torch.cuda.memory_allocated()` counts it). All parameters of one optimizer must be on
-    one device (one engine per device is not supported yet): another placement raises
-    ValueError naming the first parameter elsewhere. The optimizer state (`state_dict()`)
-    lives on the CPU for both backends, so a checkpoint saved on one loads on the other.
+    `torch.cuda.memory_allocated()` counts it). Parameters on several CUDA devices of one
+    process (a model split over GPUs) are one optimizer: the engine runs one pipeline per
+    device, each on that device's current stream, and keeps them in lock step (one gradient
+    norm and one schedule over all of them). Parameters are all on the CPU or all on CUDA
+    devices: a mix raises ValueError naming the first parameter elsewhere. The optimizer
+    state (`state_dict()`) lives on the CPU for every placement, so a checkpoint saved on one
+    loads on another.
 
     Precision. float32, bfloat16 and float16 parameters; the optimizer state is float32,
     with an fp32 master copy of low-precision parameters (`master_weights="fp32"`).
@@ -326,7 +339,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._parallel: DataParallel | None = None
         super().__init__(params, defaults)
         if group is not None:
-            self._parallel = DataParallel(group, _Layout(self.param_groups).device)
+            devices = _Layout(self.param_groups).devices
+            if len(devices) > 1:
+                raise ValueError(
+                    f"params: on {len(devices)} devices ({', '.join(map(str, devices))}); data "
+                    "parallel takes the parameters of one device per process"
+                )
+            self._parallel = DataParallel(group, devices[0])
             self._parallel.broadcast([p for g in self.param_groups for p in g["params"]])
         self._rebuild_engine()
         if limit_torch_threads:
@@ -395,11 +414,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 name = f"param_groups[{index}]['params'][{j}]"
                 if first is None:
                     first = (name, p.device)
-                elif p.device != first[1]:
+                elif p.device.type != first[1].type:
                     raise ValueError(
-                        f"{name}: on {p.device}, but {first[0]} is on {first[1]}; one engine per "
-                        "device is not supported yet: keep every parameter of a ZenFlowAdamW on one "
-                        "device (one optimizer per device)"
+                        f"{name}: on {p.device}, but {first[0]} is on {first[1]}; the parameters "
+                        "of a ZenFlowAdamW are all on the CPU or all on CUDA devices"
                     )
                 if p.device.type not in ("cpu", "cuda"):
                     raise ValueError(
@@ -473,14 +491,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if self._parallel is not None:
                 self._parallel.attach(engine)
             elif layout.device.type == "cuda":
-                # From torch's caching allocator, on the current stream of the device; the
-                # engine keeps the tensor until it is closed.
-                memory = torch.empty(
-                    engine.device_memory_size(), dtype=torch.uint8, device=layout.device
-                )
-                engine.attach_device_memory(memory)
+                # From torch's caching allocator, on the current stream of each device; the
+                # engine keeps the tensors until it is closed.
+                for index, device in enumerate(layout.devices):
+                    memory = torch.empty(
+                        engine.device_memory_size(index), dtype=torch.uint8, device=device
+                    )
+                    engine.attach_device_memory(memory, index)
             if state is not None:
-                _on_stream(engine, layout.device).load_state_dict(state)
+                _on_stream(engine, layout).load_state_dict(state)
         except BaseException:
             engine.close()
             raise
@@ -493,7 +512,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _engine_on_stream(self) -> Any:
         """The engine, on the caller's current stream (_on_stream): before every call that
         runs work."""
-        return _on_stream(self._engine, self._layout.device)
+        return _on_stream(self._engine, self._layout)
 
     def _carry_over(self, layout: _Layout) -> dict:
         old_layout = self._layout
@@ -710,6 +729,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return split
 
     def _on_gradient(self, param: torch.Tensor) -> None:
+        handle = self._overlap_handle
+        if handle is None:
+            return
+        with handle.lock:
+            self._on_gradient_locked(param)
+
+    def _on_gradient_locked(self, param: torch.Tensor) -> None:
         if self._no_sync_depth > 0 or self._engine is None:
             return
         i = self._layout.index_of.get(id(param))

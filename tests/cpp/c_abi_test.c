@@ -695,6 +695,24 @@ static void check_engine_calls(void) {
   }
   EXPECT_OK(zf_engine_set_stream(engine, NULL));
   EXPECT_ERROR(zf_engine_set_stream(engine, (zf_stream)&f), ZF_ERROR_INVALID_VALUE, "stream");
+  /* the per-device forms: CPU parameters are one device, number 0 */
+  {
+    size_t devices = 0, at_bytes = 0;
+    zf_device device;
+    EXPECT_ERROR(zf_engine_device_count(engine, NULL), ZF_ERROR_INVALID_VALUE, "count");
+    EXPECT_OK(zf_engine_device_count(engine, &devices));
+    EXPECT(devices == 1);
+    EXPECT_ERROR(zf_engine_device_at(engine, 0, NULL, &at_bytes), ZF_ERROR_INVALID_VALUE, "device");
+    EXPECT_ERROR(zf_engine_device_at(engine, 0, &device, NULL), ZF_ERROR_INVALID_VALUE, "memory_bytes");
+    EXPECT_ERROR(zf_engine_device_at(engine, 1, &device, &at_bytes), ZF_ERROR_INVALID_VALUE, "device: 1");
+    EXPECT_OK(zf_engine_device_at(engine, 0, &device, &at_bytes));
+    EXPECT(device.type == ZF_DEVICE_CPU && at_bytes == bytes);
+    EXPECT_ERROR(zf_engine_attach_device_memory_at(engine, 1, NULL, bytes), ZF_ERROR_INVALID_VALUE, "device: 1");
+    EXPECT_ERROR(zf_engine_attach_device_memory_at(engine, 0, NULL, bytes), ZF_ERROR_INVALID_VALUE, "memory");
+    EXPECT_ERROR(zf_engine_set_stream_at(engine, 3, NULL), ZF_ERROR_INVALID_VALUE, "device: 3");
+    EXPECT_ERROR(zf_engine_set_stream_at(engine, 0, (zf_stream)&f), ZF_ERROR_INVALID_VALUE, "stream");
+    EXPECT_OK(zf_engine_set_stream_at(engine, 0, NULL));
+  }
   EXPECT_ERROR(zf_engine_get_stats(engine, NULL), ZF_ERROR_INVALID_VALUE, "stats");
   EXPECT_ERROR(zf_engine_loss_scale(engine, NULL), ZF_ERROR_INVALID_VALUE, "loss_scale");
   EXPECT_OK(zf_engine_loss_scale(engine, &scale));
@@ -822,6 +840,13 @@ static void check_dead_handle(zf_engine* dead) {
   EXPECT_ERROR(zf_engine_device_memory_size(dead, &bytes), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_attach_device_memory(dead, f.weight, sizeof(f.weight)), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_set_stream(dead, NULL), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_device_count(dead, &count), ZF_ERROR_INVALID_VALUE, text);
+  {
+    zf_device device;
+    EXPECT_ERROR(zf_engine_device_at(dead, 0, &device, &bytes), ZF_ERROR_INVALID_VALUE, text);
+  }
+  EXPECT_ERROR(zf_engine_attach_device_memory_at(dead, 0, f.weight, sizeof(f.weight)), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_set_stream_at(dead, 0, NULL), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_set_collectives(dead, NULL), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_inject_host_lane_fault_for_testing(dead, "fault"), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_step(dead, f.grads, 2, NULL, 0), ZF_ERROR_INVALID_VALUE, text);

@@ -7,6 +7,7 @@
 // the host backend bit for bit, whatever the interleaving.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -33,7 +34,18 @@ using zf_engine_test::tensors_of;
 
 class SimulatedEvent final : public zf::BackendEvent {
  public:
-  bool complete = false;  // guarded by the backend's mutex
+  bool complete = false;  // guarded by the world's mutex
+};
+
+class SimulatedAsyncBackend;
+
+// The simulated devices of one engine: one lock, and progress anywhere. An engine over
+// several devices orders one device's lane after another device's event (the exchange of
+// the step's scalars); waiting for such a lane lets the other device run too.
+struct SimulatedWorld {
+  std::recursive_mutex mutex;
+  std::vector<SimulatedAsyncBackend*> devices;
+  bool run_one_anywhere();
 };
 
 // Device memory is host memory, but the engine is told it is not (host_visible() is false),
@@ -44,11 +56,16 @@ class SimulatedAsyncBackend final : public zf::Backend {
  public:
   // eagerness_percent: the chance that an enqueue lets the device run a few items.
   // slow_copies: the copy lanes run only when the compute lane cannot (copies lag behind).
-  SimulatedAsyncBackend(uint64_t seed, int eagerness_percent, bool slow_copies = false)
-      : host_(1), rng_(seed), eagerness_(eagerness_percent), slow_copies_(slow_copies) {}
+  SimulatedAsyncBackend(uint64_t seed, int eagerness_percent, bool slow_copies = false,
+                        std::shared_ptr<SimulatedWorld> world = std::make_shared<SimulatedWorld>())
+      : host_(1), world_(std::move(world)), rng_(seed), eagerness_(eagerness_percent), slow_copies_(slow_copies) {
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
+    world_->devices.push_back(this);
+  }
   ~SimulatedAsyncBackend() override {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     for (auto& lane : lanes_) lane.clear();  // the engine is gone: nothing will wait any more
+    world_->devices.erase(std::find(world_->devices.begin(), world_->devices.end(), this));
   }
 
   size_t column_stats_workspace_bytes(const zf_tensor*, size_t) override { return 0; }
@@ -65,6 +82,14 @@ class SimulatedAsyncBackend final : public zf::Backend {
     enqueue(zf::Lane::kCompute, [=] {
       host_.step_scalars(scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
     });
+  }
+  void scalar_partial(zf::ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                      int64_t flag_count, double* chunk_sums) override {
+    enqueue(zf::Lane::kCompute, [=] { host_.scalar_partial(partial, col_sq, columns, flags, flag_count, chunk_sums); });
+  }
+  void combine_scalars(zf::StepScalars* scalars, const zf::ScalarPartial* partials, int64_t count, double loss_scale,
+                       double max_grad_norm) override {
+    enqueue(zf::Lane::kCompute, [=] { host_.combine_scalars(scalars, partials, count, loss_scale, max_grad_norm); });
   }
   void adamw_selected(zf::AdamwSelectedPlan& plan, const zf::AdamwSelectedPointers* pointers,
                       const zf::StepScalars* scalars) override {
@@ -94,6 +119,9 @@ class SimulatedAsyncBackend final : public zf::Backend {
   void fill_device_zero(void* device, size_t bytes) override {
     enqueue(zf::Lane::kCompute, [=] { std::memset(device, 0, bytes); });
   }
+  void copy_from_peer(void* dst, const zf::Backend&, const void* src, size_t bytes) override {
+    enqueue(zf::Lane::kCompute, [=] { std::memcpy(dst, src, bytes); });
+  }
   void copy_down(void* host, const void* device, size_t bytes) override {
     enqueue(zf::Lane::kDown, [=] { std::memcpy(host, device, bytes); });
   }
@@ -111,21 +139,22 @@ class SimulatedAsyncBackend final : public zf::Backend {
   }
   void host_wait(const zf::Event& event) override {
     if (!event) return;
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     auto& e = static_cast<SimulatedEvent&>(*event);
     while (!e.complete) {
-      if (!run_one()) zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock (a wait that nothing completes)");
+      if (!run_one() && !world_->run_one_anywhere())
+        zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock (a wait that nothing completes)");
     }
   }
   bool done(const zf::Event& event) override {
     if (!event) return true;
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     advance_randomly();
     return static_cast<SimulatedEvent&>(*event).complete;
   }
   void synchronize() override {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    while (run_one()) {
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
+    while (run_one() || world_->run_one_anywhere()) {
     }
     for (const auto& lane : lanes_) {
       if (!lane.empty()) zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock in synchronize");
@@ -150,7 +179,7 @@ class SimulatedAsyncBackend final : public zf::Backend {
 
   void enqueue(zf::Lane lane, std::function<void()> work) { enqueue(lane, Item{std::move(work), nullptr, nullptr}); }
   void enqueue(zf::Lane lane, Item item) {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     lanes_[static_cast<int>(lane)].push_back(std::move(item));
     advance_randomly();
   }
@@ -162,6 +191,8 @@ class SimulatedAsyncBackend final : public zf::Backend {
     for (int i = 0; i < steps && run_one(); ++i) {
     }
   }
+
+  friend struct SimulatedWorld;
 
   // Runs the head of one random lane that can make progress; false when none can.
   bool run_one() {
@@ -184,12 +215,19 @@ class SimulatedAsyncBackend final : public zf::Backend {
   }
 
   zf::HostBackend host_;
-  std::recursive_mutex mutex_;
+  std::shared_ptr<SimulatedWorld> world_;
   std::deque<Item> lanes_[3];
   std::mt19937_64 rng_;
   int eagerness_;
   bool slow_copies_;
 };
+
+bool SimulatedWorld::run_one_anywhere() {
+  for (SimulatedAsyncBackend* device : devices) {
+    if (device->run_one()) return true;
+  }
+  return false;
+}
 
 struct RunOptions {
   bool simulated = false;
@@ -201,7 +239,33 @@ struct RunOptions {
   bool split = false;
   bool fp16_overflow = false;
   int64_t update_interval = 3;
+  bool clip = true;
+  bool sync_every_step = true;  // false: the lanes run on across steps; only the end is kept
+  // Not empty: the parameters split into parts as on several devices (parts[i]: params[i]'s),
+  // each part on its own backend (simulated ones share one world).
+  std::vector<size_t> parts;
 };
+
+// The engine of a run: one engine, or one over parts, on host or simulated backends.
+zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOptions& o) {
+  if (o.parts.empty()) {
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+    if (o.simulated)
+      zf::testing::use_backend(engine.get(),
+                               std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies));
+    return engine;
+  }
+  zenflow::Engine engine(
+      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, o.parts));
+  if (o.simulated) {
+    auto world = std::make_shared<SimulatedWorld>();
+    for (size_t d = 0; d < engine.device_count(); ++d)
+      zf::testing::use_backend(
+          engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed + 101 * d, o.eagerness, o.slow_copies, world),
+          d);
+  }
+  return engine;
+}
 
 // Parameters after every step (the backend synchronised), then the whole saved state.
 std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
@@ -212,7 +276,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
   c.overlap_step = o.overlap ? 1 : 0;
   c.select_strategy = ZF_SELECT_STEP;
   c.select_interval = 4;
-  c.max_grad_norm = 5.0;
+  c.max_grad_norm = o.clip ? 5.0 : 0.0;
   c.bucket_bytes = 100;  // several buckets through a ring of two slots
   c.staging_slots = 2;
   if (o.fp16_overflow) {
@@ -220,9 +284,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     c.initial_scale = 8.0;
     c.growth_interval = 3;
   }
-  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
-  if (o.simulated)
-    zf::testing::use_backend(engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies));
+  zenflow::Engine engine = make_engine(model, c, o);
   std::vector<std::vector<HostTensor>> out;
   std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
   for (int64_t t = 1; t <= 13; ++t) {
@@ -251,6 +313,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     } else {
       engine.step(g, step_lrs(model, t));
     }
+    if (!o.sync_every_step) continue;
     zf::testing::synchronize_backend(engine.get());
     out.push_back(model.params);
   }
@@ -353,6 +416,283 @@ TEST(EngineLaneOrdering, NonFiniteGradientIsFoundAfterItsStepAndSticks) {
     EXPECT_NE(std::string(e.what()).find("step 2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(engine.step(tensors_of(alive.back())), zenflow::Error);  // sticky
+}
+
+// ---- an engine over several devices (engine_group.hpp), on CPU parts ----
+
+// Parts of the standard model's six parameters: two devices, interleaved, so every split
+// range and bucket crosses devices; a third device holding only the dense matrix.
+const std::vector<size_t> kTwoDevices = {0, 1, 0, 1, 1, 0};
+const std::vector<size_t> kThreeDevices = {1, 0, 2, 1, 0, 2};
+
+class EngineDevices : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+
+TEST_P(EngineDevices, PartsOnSeveralDevicesMatchOneEngineBitForBit) {
+  // Without clipping the step's norm only reports: every update is one engine's, bit for bit,
+  // over the whole trajectory and the saved state (in the caller's parameter order). The
+  // auto interval's counts are summed over the devices, so its windows are one engine's.
+  RunOptions o;
+  std::tie(o.overlap, o.split, o.fp16_overflow) = GetParam();
+  o.clip = false;
+  for (int64_t interval : {int64_t{3}, int64_t{0}}) {
+    o.update_interval = interval;
+    o.parts.clear();
+    const auto one = trajectory(o);
+    for (const auto& parts : {kTwoDevices, kThreeDevices}) {
+      o.parts = parts;
+      expect_same(one, trajectory(o), interval == 0 ? "parts, auto interval" : "parts, interval 3");
+    }
+  }
+}
+
+TEST_P(EngineDevices, AnyInterleavingOfEveryDeviceMatchesHostParts) {
+  // Each device's lanes run lazily and in random orders, and one device's copy of another's
+  // partial waits only for the events the engine records: a missing one changes the bits.
+  RunOptions o;
+  std::tie(o.overlap, o.split, o.fp16_overflow) = GetParam();
+  o.parts = kTwoDevices;
+  const auto host = trajectory(o);
+  o.simulated = true;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    for (int eagerness : {0, 40}) {
+      o.seed = seed;
+      o.eagerness = eagerness;
+      o.slow_copies = seed == 2;
+      expect_same(host, trajectory(o), "parts on simulated asynchronous devices");
+    }
+  }
+}
+
+TEST_P(EngineDevices, DevicesRunOnAcrossStepsWithoutReadingAStaleOrFuturePartial) {
+  // Nothing synchronises between steps: a device may still have to copy step t's partial of
+  // another device when that device forms step t+1's. The partial is rewritten only after
+  // every device read it (partials_read_), so the bits are those of the host parts.
+  RunOptions o;
+  std::tie(o.overlap, o.split, o.fp16_overflow) = GetParam();
+  o.parts = kThreeDevices;
+  o.sync_every_step = false;
+  const auto host = trajectory(o);
+  o.simulated = true;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    o.seed = seed;
+    o.eagerness = seed % 2 == 0 ? 0 : 20;
+    o.slow_copies = seed > 2;
+    expect_same(host, trajectory(o), "parts on simulated devices, no synchronisation between steps");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflow, EngineDevices,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Bool()));
+
+TEST(EngineDevices, ClippingUsesTheNormOverEveryDevice) {
+  // With clipping the devices' sums are added in another order than one engine's, so the
+  // clip coefficient may differ in its last bit: the weights agree to float rounding.
+  RunOptions o;
+  const auto one = trajectory(o);
+  o.parts = kThreeDevices;
+  const auto parts = trajectory(o);
+  ASSERT_EQ(one.size(), parts.size());
+  for (size_t s = 0; s + 1 < one.size(); ++s) {
+    for (size_t i = 0; i < one[s].size(); ++i)
+      for (int64_t e = 0; e < one[s][i].numel(); ++e)
+        ASSERT_NEAR(one[s][i].get(e), parts[s][i].get(e), 1e-5 * (1.0 + std::fabs(one[s][i].get(e))))
+            << "step " << s + 1 << ", param " << i << ", element " << e;
+  }
+  // And the norm is the global one: the devices' norms alone would be smaller.
+  Model model = standard_model(ZF_DTYPE_F32, 5);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.max_grad_norm = 1e9;
+  zenflow::Engine whole(model.tensors(), model.param_groups, model.groups, c);
+  Model copy = model;
+  zenflow::Engine split(
+      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, c, kTwoDevices));
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  whole.step(tensors_of(grads));
+  split.step(tensors_of(grads));
+  EXPECT_NEAR(split.stats().last_global_norm, whole.stats().last_global_norm, 1e-6 * whole.stats().last_global_norm);
+}
+
+TEST(EngineDevices, BadInputOnOneDeviceChangesNothingOnAny) {
+  Model model = standard_model(ZF_DTYPE_BF16, 9);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = 2;
+  zenflow::Engine engine(
+      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  std::vector<std::vector<HostTensor>> alive;
+  alive.push_back(make_grads(model, 1, true));
+  engine.step(tensors_of(alive.back()));
+  const std::vector<HostTensor> before = model.params;
+  const zf_engine_stats stats_before = engine.stats();
+  auto expect_unchanged = [&](const char* what) {
+    for (size_t i = 0; i < model.params.size(); ++i)
+      EXPECT_TRUE(model.params[i].bitwise_equal(before[i])) << what << ": param " << i << " changed";
+    EXPECT_EQ(engine.stats().steps, stats_before.steps) << what;
+    EXPECT_EQ(engine.stats().bytes_down, stats_before.bytes_down) << what;
+  };
+  auto expect_error = [&](const std::function<void()>& call, const std::string& needle, const char* what,
+                          zf_status status = ZF_ERROR_INVALID_VALUE) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const zenflow::Error& e) {
+      EXPECT_EQ(e.status(), status) << what;
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+    expect_unchanged(what);
+  };
+  // Parameter 4 is on the second device: its errors name it by the caller's index.
+  alive.push_back(make_grads(model, 2, true));
+  std::vector<zf_tensor> wrong = tensors_of(alive.back());
+  wrong[4].dtype = ZF_DTYPE_F32;
+  expect_error([&] { engine.step(wrong); }, "grads[4]", "a wrong dtype on the second device", ZF_ERROR_INVALID_TYPE);
+  alive.push_back(make_grads(model, 2, true));
+  alive.back()[4].set(5, NAN);
+  expect_error([&] { engine.step(tensors_of(alive.back())); }, "grads[4]: non-finite", "a NaN on the second device");
+  alive.push_back(make_grads(model, 2, true));
+  alive.back()[3].set(0, INFINITY);
+  expect_error([&] { engine.step(tensors_of(alive.back())); }, "grads[3]: non-finite", "an Inf in a bias");
+  // The split form: a bad gradient in a range over both devices is refused whole.
+  alive.push_back(make_grads(model, 2, true));
+  std::vector<zf_tensor> good = tensors_of(alive.back());
+  std::vector<zf_tensor> range(good.begin() + 2, good.begin() + 5);
+  range[2].shape[0] += 1;
+  engine.begin_step();
+  expect_error([&] { engine.submit(2, range); }, "grads[4]", "a wrong shape in a submitted range");
+  expect_error([&] { engine.end_step(); }, "parameter 0 was not submitted", "an incomplete split step");
+  engine.submit(0, good);
+  engine.end_step();  // the whole step goes through after the refusals
+  EXPECT_EQ(engine.stats().steps, stats_before.steps + 1);
+  // Out-of-range devices and the single-device calls are refused.
+  zf_device device{};
+  size_t bytes = 0;
+  EXPECT_EQ(zf_engine_device_at(engine.get(), 2, &device, &bytes), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_engine_device_memory_size(engine.get(), &bytes), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("zf_engine_device_count"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(zf_engine_set_stream(engine.get(), nullptr), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_engine_set_stream_at(engine.get(), 1, nullptr), ZF_SUCCESS);
+  zf_engine_collectives collectives{};
+  collectives.world_size = 2;
+  EXPECT_EQ(zf_engine_set_collectives(engine.get(), &collectives), ZF_ERROR_NOT_SUPPORTED);
+}
+
+TEST(EngineDevices, DevicesMemoryStatsAndThreads) {
+  Model model = standard_model(ZF_DTYPE_BF16, 4);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  zenflow::Engine whole(model.tensors(), model.param_groups, model.groups, c);
+  Model copy = model;
+  zenflow::Engine split(
+      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, c, kThreeDevices));
+  ASSERT_EQ(whole.device_count(), 1u);
+  ASSERT_EQ(split.device_count(), 3u);
+  EXPECT_EQ(whole.device_at(0).second, whole.device_memory_size());
+  size_t split_bytes = 0;
+  for (size_t d = 0; d < 3; ++d) {
+    EXPECT_GT(split.device_at(d).second, 0u);
+    split_bytes += split.device_at(d).second;
+  }
+  for (int64_t t = 1; t <= 6; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t, true);
+    whole.step(tensors_of(grads));
+    split.step(tensors_of(grads));
+  }
+  const zf_engine_stats a = whole.stats(), b = split.stats();
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.windows, b.windows);
+  EXPECT_EQ(a.bytes_down, b.bytes_down);
+  EXPECT_EQ(a.bytes_up, b.bytes_up);
+  EXPECT_EQ(a.selected_fraction, b.selected_fraction);
+  EXPECT_EQ(a.device_state_bytes, b.device_state_bytes);  // the same state, spread over the devices
+  EXPECT_EQ(static_cast<size_t>(b.device_bytes), split_bytes);
+  // The automatic host threads are shared out between the devices' host lanes.
+  zf_engine_config automatic = zf_engine_config_default();
+  automatic.host_threads = 0;
+  zenflow::Engine shared(
+      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, automatic, kTwoDevices));
+  zenflow::Engine alone(copy.tensors(), copy.param_groups, copy.groups, automatic);
+  const int total = zf::testing::host_lane_threads(alone.get());
+  for (size_t d = 0; d < 2; ++d) EXPECT_EQ(zf::testing::host_lane_threads(shared.get(), d), std::max(1, total / 2));
+}
+
+TEST(EngineDevices, CheckpointsMoveBetweenOneEngineAndSeveralDevices) {
+  Model model = standard_model(ZF_DTYPE_BF16, 6);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = 3;
+  c.select_strategy = ZF_SELECT_STEP;
+  c.select_interval = 4;
+  zenflow::Engine split(
+      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  std::vector<std::vector<HostTensor>> alive;
+  for (int64_t t = 1; t <= 5; ++t) {
+    alive.push_back(make_grads(model, t, true, 2));
+    split.step(tensors_of(alive.back()), step_lrs(model, t));
+  }
+  zenflow::EngineState state = split.save_state();
+  // One engine over a copy of the model loads the state of the two devices, and the other
+  // way round; both then follow the same trajectory.
+  Model copy = model;
+  zenflow::Engine whole(copy.tensors(), copy.param_groups, copy.groups, c);
+  whole.load_state(state);
+  zenflow::EngineState whole_state = whole.save_state();
+  ASSERT_EQ(whole_state.layout.size(), state.layout.size());
+  for (size_t e = 0; e < state.layout.size(); ++e) {
+    EXPECT_EQ(whole_state.layout[e].param, state.layout[e].param) << "entry " << e;
+    EXPECT_EQ(whole_state.layout[e].kind, state.layout[e].kind) << "entry " << e;
+    EXPECT_EQ(std::memcmp(whole_state.data(e), state.data(e), state.layout[e].bytes), 0) << "entry " << e;
+  }
+  Model third = model;
+  zenflow::Engine again(
+      zf::testing::create_engine_in_parts(third.tensors(), third.param_groups, third.groups, c, kThreeDevices));
+  again.load_state(whole_state);
+  for (int64_t t = 6; t <= 13; ++t) {
+    alive.push_back(make_grads(model, t, true, 2));
+    split.step(tensors_of(alive.back()), step_lrs(model, t));
+    whole.step(tensors_of(alive.back()), step_lrs(model, t));
+    again.step(tensors_of(alive.back()), step_lrs(model, t));
+  }
+  split.flush();
+  whole.flush();
+  again.flush();
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    EXPECT_TRUE(model.params[i].bitwise_equal(copy.params[i])) << "one engine, param " << i;
+    EXPECT_TRUE(model.params[i].bitwise_equal(third.params[i])) << "three devices, param " << i;
+  }
+  // A state of another model is refused before any device changes.
+  zenflow::EngineState bad = split.save_state();
+  bad.layout[9].shape[0] += 1;  // params[1]'s moment buffer: another shape
+  std::vector<zf_tensor> buffers;
+  for (size_t e = 0; e < bad.layout.size(); ++e) {
+    std::vector<int64_t> shape(bad.layout[e].shape, bad.layout[e].shape + bad.layout[e].ndim);
+    buffers.push_back(zenflow::contiguous_tensor(bad.data(e), bad.layout[e].dtype, shape));
+  }
+  EXPECT_EQ(zf_engine_load_state(again.get(), buffers.data(), buffers.size(), bad.counters.data(), bad.loss_scale),
+            ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("buffers[9]"), std::string::npos) << zf_last_error();
+}
+
+TEST(EngineDevices, AHostLaneFailureOnOneDeviceIsRaisedOnTheTrainingThread) {
+  Model model = standard_model(ZF_DTYPE_F32, 2);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = 1;
+  zenflow::Engine engine(
+      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  std::vector<HostTensor> grads = make_grads(model, 1);
+  engine.step(tensors_of(grads));
+  ASSERT_EQ(zf_engine_inject_host_lane_fault_for_testing(engine.get(), "injected"), ZF_SUCCESS);
+  bool raised = false;
+  for (int t = 0; t < 4 && !raised; ++t) {
+    try {
+      engine.step(tensors_of(grads));
+      engine.flush();
+    } catch (const zenflow::Error& e) {
+      raised = std::string(e.what()).find("injected") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(raised);
+  EXPECT_THROW(engine.step(tensors_of(grads)), zenflow::Error);  // sticky until a load
 }
 
 }  // namespace

@@ -10,7 +10,8 @@ from the device), the split begin_step/submit/end_step form, a side stream, chec
 across the backends, ZenFlowAdamW with and without overlap_backward, a non-finite gradient
 without loss scaling (raised by the next call, sticky until a load), placement on a second
 GPU, an injected CUDA error (a subprocess: the CUDA context dies) and short runs under
-compute-sanitizer memcheck and racecheck.
+compute-sanitizer memcheck and racecheck, and (with two GPUs) one engine over parameters
+on both.
 """
 
 from __future__ import annotations
@@ -289,14 +290,29 @@ class Linearish(torch.nn.Module):
         )
 
     def loss(self, coefficients):
-        return sum((p * c).sum().float() for p, c in zip(self.weights, coefficients))
+        # Weights may sit on several devices (the "split" placement): each term is moved to
+        # the first weight's device, and backward carries its gradient back.
+        home = self.weights[0].device
+        return sum(
+            (p * c.to(p.device)).sum().float().to(home) for p, c in zip(self.weights, coefficients)
+        )
+
+    def split_over_two_gpus(self):
+        """Weight i on cuda:(i % 2): every group and every run of parameters spans both."""
+        with torch.no_grad():
+            for i, p in enumerate(self.weights):
+                p.data = p.data.to(f"cuda:{i % 2}")
+        return self
 
 
 def _optimizer_run(device, dtype, overlap, steps, options, checkpoint_at=None, resume=None):
     """Trains `steps` steps; with checkpoint_at, returns (state_dict, weights) right after
     step checkpoint_at (the state_dict flushes); with resume = such a pair, starts there.
     Returns (weights after every step, final state_dict, stats, checkpoint)."""
-    model = Linearish(dtype).to(device)
+    model = Linearish(dtype)
+    model = model.split_over_two_gpus() if device == "split" else model.to(device)
+    if device == "split":
+        device = "cpu"  # the coefficients: the loss moves each to its weight's device
     if resume is not None:
         with torch.no_grad():
             for p, saved in zip(model.weights, resume[1]):
@@ -453,13 +469,79 @@ def test_parameters_on_the_second_gpu_with_the_first_current():
     assert torch.cuda.current_device() == 0
 
 
+def two_gpu_engine(params, config):
+    """An engine over parameters on several GPUs, as ZenFlowAdamW builds one: each device's
+    memory from torch's caching allocator and its current stream."""
+    engine = _C.Engine(params, copy.deepcopy(GROUPS), dict(config))
+    for index, name in enumerate(engine.devices()):
+        memory = torch.empty(engine.device_memory_size(index), dtype=torch.uint8, device=name)
+        engine.attach_device_memory(memory, index)
+        engine.set_stream(torch.cuda.current_stream(name).cuda_stream, index)
+    return engine
+
+
 @two_gpus
-def test_parameters_on_two_gpus_are_a_clear_error():
-    params = [torch.zeros(4, 5, device="cuda:0"), torch.zeros(4, 5, device="cuda:1")]
-    with pytest.raises(ValueError, match=r"params\[1\]|parameter 1"):
-        _C.Engine(params, [{"params": [0, 1], "lr": 1e-3}], None)
-    with pytest.raises(ValueError, match=r"\['params'\]\[1\]: on cuda:1.*one engine per device"):
-        zenflow.ZenFlowAdamW([torch.nn.Parameter(p) for p in params])
+@pytest.mark.parametrize(
+    ("overlap", "split", "clip"),
+    [(True, None, False), (False, None, False), (True, [3, 2, 3], False), (True, None, True)],
+    ids=["overlap", "no-overlap", "split-submit", "clipping"],
+)
+def test_an_engine_over_two_gpus_equals_the_host_engine(overlap, split, clip):
+    """Parameters alternate between cuda:0 and cuda:1 (every group and every submitted range
+    spans both): one engine drives both devices, with one norm and one schedule, and its
+    weights equal the host engine's after every step (bit for bit without clipping: the
+    devices' sums of squares are added in another order than the host's, so the clip
+    coefficient may differ in its last bit)."""
+    dtype = torch.bfloat16
+    torch.cuda.set_device(0)
+    config = dict(BASE, overlap_step=overlap, max_grad_norm=0.5 if clip else None)
+    cpu_params = make_params(dtype)
+    params = [p.to(f"cuda:{i % 2}") for i, p in enumerate(cpu_params)]
+    host = _C.Engine(cpu_params, copy.deepcopy(GROUPS), dict(config))
+    engine = two_gpu_engine(params, config)
+    assert engine.devices() == ["cuda:0", "cuda:1"]
+    with pytest.raises(ValueError, match="index"):
+        engine.device_memory_size()  # two devices: which one must be said
+    for t in range(9):
+        grads = make_grads(t, dtype)
+        drive(host, grads, lrs_at(t), split)
+        drive(engine, [g.to(p.device) for g, p in zip(grads, params)], lrs_at(t), split)
+        assert torch.cuda.current_device() == 0, "the engine left another device current"
+        for i, (d, h) in enumerate(zip(params, cpu_params)):
+            with torch.cuda.device(d.device):
+                got = d.cpu()
+            assert _close(got, h, not clip), f"param {i} ({d.device}) differs after step {t + 1}"
+    stats_d, stats_h = engine.stats(), host.stats()
+    for key in COUNTERS:
+        assert stats_d[key] == stats_h[key], key
+    assert_same_state(engine.state_dict(), host.state_dict(), "flushed state", not clip)
+
+
+@two_gpus
+def test_zenflow_adamw_over_two_gpus_equals_cpu():
+    """A model split over two GPUs, with overlap_backward (autograd hands each device's
+    gradients from a thread of its own): the weights equal the CPU run's after every step,
+    and a checkpoint moves between the placements."""
+    torch.cuda.set_device(0)
+    options = dict(topk_ratio=0.1, update_interval=2, select_strategy="step", select_interval=4)
+    for overlap in (False, True):
+        on_cpu = _optimizer_run("cpu", torch.bfloat16, overlap, 8, options)
+        split = _optimizer_run("split", torch.bfloat16, overlap, 8, options, checkpoint_at=4)
+        for t, (a, b) in enumerate(zip(on_cpu[0], split[0])):
+            for i, (x, y) in enumerate(zip(a, b)):
+                assert torch.equal(x, y), (
+                    f"param {i} differs after step {t + 1} (overlap {overlap})"
+                )
+        rest = _optimizer_run("cpu", torch.bfloat16, False, 8, options, 4, split[3])
+        for t, (a, b) in enumerate(zip(split[0][4:], rest[0])):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), f"resumed on the CPU, step {t + 5}"
+    with pytest.raises(ValueError, match="all on the CPU or all on CUDA"):
+        zenflow.ZenFlowAdamW(
+            [
+                torch.nn.Parameter(torch.zeros(3, device="cuda:1")),
+                torch.nn.Parameter(torch.zeros(3)),
+            ]
+        )
 
 
 @two_gpus

@@ -642,7 +642,7 @@ def test_parameters_on_another_device_raise_naming_them():
     with pytest.raises(
         ValueError,
         match=r"param_groups\[0\]\['params'\]\[1\]: on meta, but param_groups\[0\]\['params'\]\[0\] "
-        r"is on cpu; one engine per device is not supported yet",
+        r"is on cpu; the parameters of a ZenFlowAdamW are all on the CPU or all on CUDA devices",
     ):
         zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(3)), on_meta])
     with pytest.raises(
@@ -671,7 +671,7 @@ def test_parameters_across_groups_on_two_devices_raise_naming_the_first_elsewher
     # After construction: the group is rejected and nothing changes.
     opt = zenflow.ZenFlowAdamW([{"params": []}, {"params": cpu}], lr=1e-2, **CONFIG)
     with pytest.raises(
-        ValueError, match=r"param_groups\[2\]\['params'\]\[0\].*one engine per device"
+        ValueError, match=r"param_groups\[2\]\['params'\]\[0\].*all on the CPU or all on CUDA"
     ):
         opt.add_param_group({"params": [on_meta]})
     assert len(opt.param_groups) == 2
@@ -696,6 +696,17 @@ def test_cpu_engine_takes_no_stream_and_reports_the_cuda_stats_fields():
         engine.set_stream("default")
     size = engine.device_memory_size()
     assert size > 0
+    # One device: the index of the per-device forms is 0 (or None); others are refused.
+    assert engine.device_count() == 1 and engine.devices() == ["cpu"]
+    assert engine.device_memory_size(0) == size
+    engine.set_stream(0, 0)
+    for bad in (1, -1):
+        with pytest.raises(ValueError, match=r"index: must be in \[0, 1\)"):
+            engine.device_memory_size(bad)
+        with pytest.raises(ValueError, match="index"):
+            engine.set_stream(0, bad)
+    with pytest.raises(TypeError, match="index"):
+        engine.device_memory_size("0")
     with pytest.raises(TypeError, match="memory"):
         engine.attach_device_memory(bytearray(size))
     with pytest.raises(ValueError, match="memory: expected dtype torch.uint8"):
@@ -744,8 +755,8 @@ class _StreamRecorder:
         self.engine = engine
         self.calls = []
 
-    def set_stream(self, handle):
-        self.calls.append(("set_stream", handle))
+    def set_stream(self, handle, index=None):
+        self.calls.append(("set_stream", handle, index))
 
     def __getattr__(self, name):
         attr = getattr(self.engine, name)
@@ -759,23 +770,28 @@ class _StreamRecorder:
         return work
 
 
-def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeypatch):
-    """The wiring of the CUDA path, on the CPU: with the parameters declared on cuda:0, each
-    engine call that runs work (step, the split form of overlap_backward, abort_step, flush,
-    state_dict) is preceded by set_stream(torch.cuda.current_stream(device).cuda_stream)."""
+@pytest.mark.parametrize("device_count", [1, 2])
+def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeypatch, device_count):
+    """The wiring of the CUDA path, on the CPU: with the parameters declared on cuda:0 (and
+    cuda:1), each engine call that runs work (step, the split form of overlap_backward,
+    abort_step, flush, state_dict) is preceded by set_stream(current_stream(device), index)
+    for every device, in the engine's device order."""
     model = make_model("mlp")
     opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
     recorder = _StreamRecorder(opt._engine)
     opt._engine = recorder
-    opt._layout.device = torch.device("cuda", 0)
+    devices = [torch.device("cuda", d) for d in range(device_count)]
+    opt._layout.devices = devices
+    opt._layout.device = devices[0]
     asked = []
 
     class FakeStream:
-        cuda_stream = 0xC0DE
+        def __init__(self, device):
+            self.cuda_stream = 0xC0DE + device.index
 
     def current_stream(device=None):
         asked.append(device)
-        return FakeStream()
+        return FakeStream(device)
 
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     train(model, opt, steps=2)
@@ -789,9 +805,13 @@ def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeyp
     names = [call[0] for call in recorder.calls]
     work = [i for i, name in enumerate(names) if name != "set_stream"]
     assert {names[i] for i in work} == set(_StreamRecorder.WORK) - {"load_state_dict"}
+    expected = [("set_stream", 0xC0DE + d, d) for d in range(device_count)]
     for i in work:
-        assert i > 0 and recorder.calls[i - 1] == ("set_stream", 0xC0DE), (i, recorder.calls)
-    assert asked and all(device == torch.device("cuda", 0) for device in asked)
+        assert i >= device_count and recorder.calls[i - device_count : i] == expected, (
+            i,
+            recorder.calls,
+        )
+    assert asked and set(asked) == set(devices)
     opt._engine = recorder.engine
     opt.close()
 

@@ -6,7 +6,8 @@
  * columns in the background; the result is uploaded one window later (overlap on) or at
  * once (overlap off).
  *
- * Backends. The parameters' device chooses it; all parameters are on one device.
+ * Backends. The parameters' device chooses it: all parameters are CPU tensors, or all are
+ * CUDA tensors (on one device, or on several: see "Several devices" below).
  *  - Host backend (CPU tensors): the "device" ops run on the calling thread (on a compute
  *    pool of the engine's), copies are memcpy, every call is complete when it returns.
  *  - CUDA backend (CUDA tensors, in a build with CUDA): the device ops run on the compute
@@ -160,6 +161,37 @@ ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory,
  * stall. The host backend accepts only NULL.
  */
 ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream);
+
+/*
+ * Several devices (docs/design.md section 7). Parameters on several CUDA devices of one
+ * process are driven as one optimizer: the engine runs one pipeline per device (its own
+ * copy streams, events, device memory, pinned buffers and host lane, of about 1/N of the
+ * host threads each) and keeps them in lock step. The gradient norm and the skip flag are
+ * over every parameter: each device's sums are copied to the others on their compute
+ * streams (a 16-byte peer copy, ordered by events, no host round trip) and combined in
+ * device order, so every device has the same bits. The schedule, the selection, the windows
+ * and the loss scale are therefore identical on every device; the auto update interval
+ * counts the matrices of all devices. Arguments are checked on every device before any
+ * device changes anything. A step that fails on one device after others began it leaves a
+ * sticky error until a state is loaded. Indices in messages, in the state layout and in
+ * the split form's `first` are the caller's parameter indices. Data parallel with several
+ * devices in one process is not supported (one process per device).
+ *
+ * The devices are numbered 0..count-1 in increasing CUDA device index. With more than one,
+ * the calls above that name no device (zf_engine_device_memory_size,
+ * zf_engine_attach_device_memory, zf_engine_set_stream) fail with INVALID_VALUE: use the
+ * _at forms, which take the device's number. With one device the _at forms take 0 and act
+ * as the plain calls. Every call leaves the caller's current CUDA device as it was.
+ */
+/* *count <- the number of devices the parameters are on (1 for CPU parameters). */
+ZF_API zf_status zf_engine_device_count(const zf_engine* engine, size_t* count);
+/* Device `index`: where it is and the bytes of device memory it needs (as
+ * zf_engine_device_memory_size, for that device's parameters). */
+ZF_API zf_status zf_engine_device_at(const zf_engine* engine, size_t index, zf_device* device, size_t* memory_bytes);
+/* As zf_engine_attach_device_memory, for device `index` (memory on that device). */
+ZF_API zf_status zf_engine_attach_device_memory_at(zf_engine* engine, size_t index, void* memory, size_t bytes);
+/* As zf_engine_set_stream, for device `index` (a stream of that device). */
+ZF_API zf_status zf_engine_set_stream_at(zf_engine* engine, size_t index, zf_stream stream);
 
 /*
  * Data parallel (docs/design.md section 9). With collectives set, the engine is one of

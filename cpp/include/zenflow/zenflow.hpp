@@ -377,6 +377,8 @@ class Engine {
     check(zf_engine_create(params.data(), param_groups.data(), params.size(), groups.data(), groups.size(), &config,
                            &engine_));
   }
+  // Takes ownership of a handle from zf_engine_create (destroyed with the object).
+  explicit Engine(zf_engine* engine) noexcept : engine_(engine) {}
   ~Engine() { reset(); }
   Engine(Engine&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
   Engine& operator=(Engine&& other) noexcept {
@@ -406,6 +408,24 @@ class Engine {
   }
   // CUDA backend: the compute stream of later calls (a cudaStream_t; nullptr = default).
   void set_stream(zf_stream stream) { check(zf_engine_set_stream(engine_, stream)); }
+
+  // Several devices (engine.h): their number, each one's place and memory size, and the
+  // per-device forms of attach_device_memory and set_stream.
+  size_t device_count() const {
+    size_t count = 0;
+    check(zf_engine_device_count(engine_, &count));
+    return count;
+  }
+  std::pair<zf_device, size_t> device_at(size_t index) const {
+    zf_device device{};
+    size_t bytes = 0;
+    check(zf_engine_device_at(engine_, index, &device, &bytes));
+    return {device, bytes};
+  }
+  void attach_device_memory_at(size_t index, void* memory, size_t bytes) {
+    check(zf_engine_attach_device_memory_at(engine_, index, memory, bytes));
+  }
+  void set_stream_at(size_t index, zf_stream stream) { check(zf_engine_set_stream_at(engine_, index, stream)); }
 
   // lrs empty: each group's own lr.
   void step(const std::vector<zf_tensor>& grads, const std::vector<double>& lrs = {}) {

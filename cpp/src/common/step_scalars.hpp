@@ -46,6 +46,28 @@ ZF_HOST_DEVICE inline double column_chunk_sum(const float* col_sq, int64_t colum
 
 inline int64_t column_chunks(int64_t columns) { return (columns + kTotalChunk - 1) / kTotalChunk; }
 
+// An engine over parameters on several devices (engine_group.hpp) runs one engine per
+// device: each forms the partial of its own parameters (the fp64 sum of its chunk sums, the
+// OR of its flags), the partials are exchanged, and every device combines all of them in
+// device order, so every device holds the same scalars, bit for bit.
+struct ScalarPartial {
+  double total_sq;
+  int32_t nonfinite;
+  int32_t padding;
+};
+static_assert(sizeof(ScalarPartial) == 16, "ScalarPartial is copied as 16 bytes");
+
+ZF_HOST_DEVICE inline void combine_scalar_partials(StepScalars* s, const ScalarPartial* partials, int64_t count) {
+  double total = 0.0;
+  int32_t nonfinite = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    total += partials[i].total_sq;
+    nonfinite |= partials[i].nonfinite != 0 ? 1 : 0;
+  }
+  s->total_sq = static_cast<float>(total);
+  s->nonfinite = nonfinite;
+}
+
 // grad_scale = min(1, max_grad_norm / (norm + 1e-6)) / loss_scale (no clipping when
 // max_grad_norm <= 0), norm = sqrt(total_sq) / loss_scale, in double (IEEE sqrt and
 // division on both sides), rounded once to float.

@@ -55,6 +55,14 @@ class Backend {
   // flags[0, flag_count), then the gradient scale and the skip flag.
   virtual void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
                             int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) = 0;
+  // An engine of a group over several devices (engine_group.hpp) forms the step's scalars in
+  // two parts: its own partial (the total and the flags of its parameters, as step_scalars
+  // sums them), then, once every device's partial has been copied in, the scalars from all
+  // `count` partials in device order (combine_scalar_partials).
+  virtual void scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                              int64_t flag_count, double* chunk_sums) = 0;
+  virtual void combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
+                               double max_grad_norm) = 0;
   // AdamW of the selected columns and the dense parameters; reads scalars->grad_scale and
   // does nothing when scalars->skip is set. pointers[i].selected is device memory.
   virtual void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
@@ -66,6 +74,9 @@ class Backend {
                        const void* packed) = 0;
   virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_device_zero(void* device, size_t bytes) = 0;
+  // dst (this backend's device memory) <- src (device memory of `source`, the backend of
+  // another device of the group), on this compute lane.
+  virtual void copy_from_peer(void* dst, const Backend& source, const void* src, size_t bytes) = 0;
 
   // ---- copy lanes ----
   virtual void copy_down(void* host, const void* device, size_t bytes) = 0;  // down lane
@@ -73,7 +84,9 @@ class Backend {
 
   // ---- events ----
   virtual Event record(Lane lane) = 0;
-  virtual void wait(Lane lane, const Event& event) = 0;  // the lane waits; the caller does not
+  // The lane waits; the caller does not. The event may be another device's (a group's
+  // exchange of the step's scalars).
+  virtual void wait(Lane lane, const Event& event) = 0;
   // Blocks the calling thread (training thread or host lane) until the event completes;
   // throws zf::Error with the device's error text if the device failed.
   virtual void host_wait(const Event& event) = 0;

@@ -39,23 +39,27 @@ float widen(const void* data, zf_dtype dtype, int64_t i) {
 
 }  // namespace
 
-std::vector<zf_engine_state_entry> Engine::state_layout() const {
+std::vector<zf_engine_state_entry> Engine::state_layout() const { return layout_entries(true); }
+
+std::vector<zf_engine_state_entry> Engine::layout_entries(bool group_names) const {
   std::vector<zf_engine_state_entry> out;
+  auto name_of = [&](size_t i) { return group_names ? param_name(i) : i; };
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     for (zf_engine_state_kind kind : {ZF_STATE_MASTER, ZF_STATE_EXP_AVG, ZF_STATE_EXP_AVG_SQ})
-      out.push_back(entry(i, kind, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
+      out.push_back(entry(name_of(i), kind, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
     if (!p.matrix) {
       const int64_t one = 1;
-      out.push_back(entry(i, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &one));
+      out.push_back(entry(name_of(i), ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &one));
       continue;
     }
     const Matrix& m = matrices_[p.index];
     const int64_t k = static_cast<int64_t>(m.selected.size()), score[2] = {2, m.cols}, two = 2;
-    out.push_back(entry(i, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &m.cols));
-    out.push_back(entry(i, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
-    out.push_back(entry(i, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
-    out.push_back(entry(i, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
+    const size_t name = name_of(i);
+    out.push_back(entry(name, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &m.cols));
+    out.push_back(entry(name, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
+    out.push_back(entry(name, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
+    out.push_back(entry(name, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
   }
   return out;
 }
@@ -76,7 +80,7 @@ void Engine::check_save_arguments(const zf_tensor* buffers, size_t count, const 
           " entries");
   require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
   for (size_t e = 0; e < count; ++e) {
-    const ArgName name("buffers", e);
+    const ArgName name("buffers", buffer_name(e));
     check_descriptor(&buffers[e], name);
     check_cpu(buffers[e], name);
     check_dtype(buffers[e], name, {layout[e].dtype});
@@ -165,15 +169,21 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
 }
 
 void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
+  check_load_arguments(buffers, count, counters, loss_scale);
+  apply_load(buffers, counters, loss_scale);
+}
+
+void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const int64_t* counters,
+                                  double loss_scale) const {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "load_state: a split step is open");
   require(counters != nullptr, ZF_ERROR_INVALID_VALUE, "counters: NULL");
-  const std::vector<zf_engine_state_entry> layout = state_layout();
+  const std::vector<zf_engine_state_entry> layout = layout_entries(false);  // local indices
   require(count == layout.size(), ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers, but this engine's state has ",
           layout.size(), " entries (a state of another model?)");
   require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
   // Validate everything first.
   for (size_t e = 0; e < count; ++e) {
-    const ArgName name("buffers", e);
+    const ArgName name("buffers", buffer_name(e));
     const zf_engine_state_entry& want = layout[e];
     check_descriptor(&buffers[e], name);
     check_cpu(buffers[e], name);
@@ -181,25 +191,26 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
     check_contiguous(buffers[e], name);
     const zf_tensor& b = buffers[e];
     const Param& p = params_[static_cast<size_t>(want.param)];
+    const size_t param = param_name(static_cast<size_t>(want.param));
     if (want.kind == ZF_STATE_SELECTED) {
       check_ndim(b, name, 1);
       const int64_t k = b.shape[0];
-      require(k <= p.cols, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] selected holds ", k,
+      require(k <= p.cols, ZF_ERROR_INVALID_VALUE, name, ": params[", param, "] selected holds ", k,
               " columns, the matrix has ", p.cols, " (a state of another model?)");
       const auto* s = static_cast<const int32_t*>(b.data);
       for (int64_t c = 0; c < k; ++c)
         require(s[c] >= 0 && s[c] < p.cols && (c == 0 || s[c] > s[c - 1]), ZF_ERROR_INVALID_VALUE, name, ": params[",
-                want.param, "] selected is not strictly increasing in [0, ", p.cols, ")");
+                param, "] selected is not strictly increasing in [0, ", p.cols, ")");
       continue;
     }
     bool same = b.ndim == want.ndim;
     for (int d = 0; same && d < want.ndim; ++d) same = b.shape[d] == want.shape[d];
-    require(same, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] ", kind_name(want.kind),
+    require(same, ZF_ERROR_INVALID_VALUE, name, ": params[", param, "] ", kind_name(want.kind),
             " has another shape than this engine's (a state of another model?)");
     if (want.kind == ZF_STATE_STEPS) {
       const auto* s = static_cast<const int32_t*>(b.data);
       for (int64_t j = 0; j < numel(b); ++j)
-        require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", want.param, "] steps[", j,
+        require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", param, "] steps[", j,
                 "] = ", s[j], " is out of range");
     }
   }
@@ -209,7 +220,9 @@ void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* c
   require(counters[ZF_COUNTER_SKIPPED] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_SKIPPED},
           "]: negative");
   require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
+}
 
+void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, double loss_scale) {
   // Quiesce the host lane, dropping whatever it held (its errors included).
   for (auto& job : slot_jobs_) {
     if (job) {

@@ -107,9 +107,21 @@ bool runs_synchronously(const zf_engine_config& c) {
 
 }  // namespace
 
+void automatic_thread_counts(const zf_engine_config& config, int* compute_threads, int* host_threads) {
+  // The automatic counts split the cores between the framework (and the compute lane) and the
+  // host lane only when host work can run beside the model's compute. A synchronous
+  // configuration waits for every host update inside its step, so both lanes take every core.
+  const int cores = host_cpu_count();
+  const bool synchronous = runs_synchronously(config);
+  const int host_auto = synchronous ? cores : reserved_split_thread_count(config.pt_reserved_cores_perc);
+  *host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
+  const int compute_auto = synchronous ? cores : std::max(1, cores - host_auto);
+  *compute_threads = config.compute_threads > 0 ? config.compute_threads : compute_auto;
+}
+
 Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
-               size_t group_count, const zf_engine_config& config)
-    : config_(config), schedule_(schedule_config(config)) {
+               size_t group_count, const zf_engine_config& config, EnginePart part)
+    : config_(config), part_(std::move(part)), schedule_(schedule_config(config)) {
   check_config(config);
   hparams_ = zf_adam_hparams{config.beta1, config.beta2, config.eps, ZF_ADAM_MODE_ADAMW};
   require(param_count == 0 || (params != nullptr && param_groups != nullptr), ZF_ERROR_INVALID_VALUE,
@@ -122,7 +134,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
             "].weight_decay: must be finite and >= 0");
   }
   for (size_t i = 0; i < param_count; ++i) {
-    const ArgName name("params", i);
+    const ArgName name("params", param_name(i));
     check_descriptor(&params[i], name);
     if (i == 0) check_device_compiled(params[0].device, name);
     require(params[i].device.type == params[0].device.type && params[i].device.index == params[0].device.index,
@@ -135,7 +147,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
     check_contiguous(params[i], name);
     require(numel(params[i]) > 0, ZF_ERROR_INVALID_VALUE, name, ": has no elements");
     require(param_groups[i] >= 0 && static_cast<size_t>(param_groups[i]) < group_count, ZF_ERROR_INVALID_VALUE,
-            "param_groups[", i, "]: ", param_groups[i], " is not a group index (", group_count, " groups)");
+            "param_groups[", param_name(i), "]: ", param_groups[i], " is not a group index (", group_count, " groups)");
     const MatrixView view = matrix_view(params[i]);
     Param p{params[i], param_groups[i], params[i].ndim >= 2 && groups[param_groups[i]].dense == 0,
             view.rows, view.cols,       numel(params[i]),
@@ -159,15 +171,8 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
     }
     params_.push_back(p);
   }
-  // The automatic thread counts split the cores between the framework (and the compute lane)
-  // and the host lane only when host work can run beside the model's compute. A synchronous
-  // configuration waits for every host update inside its step, so both lanes take every core.
-  const int cores = host_cpu_count();
-  const bool synchronous = runs_synchronously(config);
-  const int host_auto = synchronous ? cores : reserved_split_thread_count(config.pt_reserved_cores_perc);
-  const int host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
-  const int compute_auto = synchronous ? cores : std::max(1, cores - host_auto);
-  compute_threads_ = config.compute_threads > 0 ? config.compute_threads : compute_auto;
+  int host_threads = 1;
+  automatic_thread_counts(config, &compute_threads_, &host_threads);
   last_lr_.resize(group_count);
   for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
@@ -321,6 +326,7 @@ void Engine::setup_buckets_and_memory() {
   total_sink_offset_ = take(4);
   chunk_sums_offset_ =
       take(static_cast<size_t>(std::max<int64_t>(1, column_chunks(static_cast<int64_t>(col_sq_floats_)))) * 8);
+  partials_offset_ = take(part_.count * sizeof(ScalarPartial));  // a group's exchange
   {
     std::vector<zf_tensor> tensors;
     for (const Param& p : params_) tensors.push_back(p.tensor);
@@ -496,10 +502,10 @@ void Engine::wait_job(const std::shared_ptr<WorkJob>& job, double* stall) {
 }
 
 void Engine::check_grad(const zf_tensor& grad, size_t index) const {
-  const ArgName name("grads", index);
+  const ArgName name("grads", param_name(index));
   const Param& p = params_[index];
   check_descriptor(&grad, name);
-  check_same_device(grad, name, p.tensor.device, ArgName("params", index));
+  check_same_device(grad, name, p.tensor.device, ArgName("params", param_name(index)));
   require(grad.dtype == p.tensor.dtype, ZF_ERROR_INVALID_TYPE, name, ": dtype ", zf_dtype_name(grad.dtype),
           " differs from the parameter's ", zf_dtype_name(p.tensor.dtype));
   bool same_shape = grad.ndim == p.tensor.ndim;

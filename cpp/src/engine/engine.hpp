@@ -34,10 +34,22 @@ namespace zf {
 // Every region of the engine's device memory starts 256-byte aligned.
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// One engine's place in a group over several devices (engine_group.hpp): device `index` of
+// `count`, and the group's indices of its parameters and checkpoint buffers, which its error
+// messages name. The default is an engine of its own.
+struct EnginePart {
+  size_t index = 0, count = 1;
+  std::vector<size_t> param_names, buffer_names;  // empty: the engine's own indices
+};
+
+// The automatic thread counts of an engine with this configuration (0 in the config: auto):
+// the compute lane's and the host lane's.
+void automatic_thread_counts(const zf_engine_config& config, int* compute_threads, int* host_threads);
+
 class Engine {
  public:
   Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
-         size_t group_count, const zf_engine_config& config);
+         size_t group_count, const zf_engine_config& config, EnginePart part = EnginePart());
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -51,6 +63,47 @@ class Engine {
   void end_step();
   void abort_step();
   void flush();
+
+  // ---- one step in phases, for a group over several devices (engine_group.cpp) ----
+  // step(): the checks, then run_step, which runs the three phases back to back inside
+  // run_guarded. A group runs each phase on every device before the next, exchanging the
+  // scalar partials after the statistics and summing the window counts before the close.
+  void check_step_arguments(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count);
+  void check_submit_arguments(size_t first, const zf_tensor* grads, size_t count) const;
+  void check_end_step_arguments() const;
+  struct StepInputs {
+    const zf_tensor* grads;
+    const double* lrs;
+    bool stats_done;
+  };
+  StepInputs close_split_step();  // after check_end_step_arguments: what run_step gets
+  void run_guarded(const std::function<void()>& phase);
+  void step_statistics(const zf_tensor* grads, bool stats_done);
+  // false: the step was skipped (an overflow under dynamic loss scaling); no close follows.
+  bool step_update(const zf_tensor* grads, const double* lrs, int64_t* due, int64_t* counted);
+  void step_close(int64_t due, int64_t counted);
+  void finish_step() { cancel_early_buckets(); }
+  // The partial exchange: this engine's compute lane copies device `slot`'s partial from that
+  // device's engine, after `ready` (recorded on the peer's compute lane).
+  Event record_compute() { return backend_->record(Lane::kCompute); }
+  void wait_compute(const Event& event) { backend_->wait(Lane::kCompute, event); }
+  void copy_partial_from(const Engine& peer, size_t slot) {
+    backend_->copy_from_peer(partial(slot), *peer.backend_, peer.partial(slot), sizeof(ScalarPartial));
+  }
+  // The host backend only (memory read in place): whether this engine's partial flags a
+  // non-finite gradient, and the group's index of its first non-finite gradient.
+  bool host_visible() const { return backend_->host_visible(); }
+  bool own_partial_nonfinite() const { return partial(part_.index)->nonfinite != 0; }
+  size_t first_nonfinite(const zf_tensor* grads) const { return param_name(find_nonfinite(grads)); }
+  [[noreturn]] static void fail_nonfinite_gradient(size_t name);
+  void set_buffer_names(std::vector<size_t> names) { part_.buffer_names = std::move(names); }
+  bool in_split_step() const { return in_split_step_; }
+  const zf_engine_config& config() const { return config_; }
+  void check_load_arguments(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) const;
+  void apply_load(const zf_tensor* buffers, const int64_t* counters, double loss_scale);
+  zf_device device() const { return backend_->device(); }
+  // Selected and all columns of the matrices (a group's selected_fraction).
+  void column_counts(int64_t* selected, int64_t* columns) const;
 
   zf_engine_stats stats() const;
   double loss_scale() const { return loss_scale_; }
@@ -166,7 +219,12 @@ class Engine {
   void check_grad(const zf_tensor& grad, size_t index) const;
   void check_lrs(const double* lrs, size_t lr_count) const;
   void run_step(const zf_tensor* grads, const double* lrs, bool stats_done);
-  void run_step_unguarded(const zf_tensor* grads, const double* lrs, bool stats_done);
+  std::vector<zf_engine_state_entry> layout_entries(bool group_names) const;
+  size_t param_name(size_t local) const { return part_.param_names.empty() ? local : part_.param_names[local]; }
+  size_t buffer_name(size_t local) const { return part_.buffer_names.empty() ? local : part_.buffer_names[local]; }
+  ScalarPartial* partial(size_t slot) const {
+    return reinterpret_cast<ScalarPartial*>(device_ + partials_offset_) + slot;
+  }
   size_t find_nonfinite(const zf_tensor* grads) const;
   void defer_bucket(Bucket& bucket, const zf_tensor* grads);
   void defer_bucket_early(Bucket& bucket);
@@ -243,6 +301,8 @@ class Engine {
   void rebuild_plans();
 
   zf_engine_config config_;
+  EnginePart part_;
+  Schedule::StepKind step_kind_{};  // of the step between step_update and step_close
   zf_adam_hparams hparams_;
   std::vector<zf_engine_group> groups_;
   std::vector<Param> params_;
@@ -260,7 +320,8 @@ class Engine {
   size_t device_bytes_ = 0, staging_offset_ = 0, slot_stride_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0,
          device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0,
          stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
-         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0;
+         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0,
+         partials_offset_ = 0;
   uint8_t* device_ = nullptr;
   bool device_owned_ = false;
   bool initialized_ = false;

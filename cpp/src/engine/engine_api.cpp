@@ -9,10 +9,10 @@
 
 #include "common/error.hpp"
 #include "common/thread_pool.hpp"
-#include "engine/engine.hpp"
+#include "engine/engine_group.hpp"
 
 struct zf_engine {
-  zf::Engine engine;
+  zf::EngineGroup engine;
   uint64_t fork_generation = zf::fork_generation();  // the process that owns its threads
   template <class... Args>
   explicit zf_engine(Args&&... args) : engine(std::forward<Args>(args)...) {}
@@ -70,12 +70,12 @@ void require_usable(const zf_engine* e) {
               "(create a new engine in the child)");
 }
 
-zf::Engine& get(zf_engine* e) {
+zf::EngineGroup& get(zf_engine* e) {
   require_usable(e);
   return e->engine;
 }
 
-const zf::Engine& get(const zf_engine* e) {
+const zf::EngineGroup& get(const zf_engine* e) {
   require_usable(e);
   return e->engine;
 }
@@ -144,18 +144,46 @@ ZF_API zf_status zf_engine_destroy(zf_engine* engine) {
 
 ZF_API zf_status zf_engine_device_memory_size(const zf_engine* engine, size_t* bytes) {
   return zf::api_call([&] {
-    const zf::Engine& e = get(engine);
+    const zf::Engine& e = get(engine).single("zf_engine_device_memory_size");
     require_out(bytes, "bytes");
     *bytes = e.device_memory_bytes();
   });
 }
 
 ZF_API zf_status zf_engine_attach_device_memory(zf_engine* engine, void* memory, size_t bytes) {
-  return zf::api_call([&] { get(engine).attach_device_memory(memory, bytes); });
+  return zf::api_call(
+      [&] { get(engine).single("zf_engine_attach_device_memory").attach_device_memory(memory, bytes); });
 }
 
 ZF_API zf_status zf_engine_set_stream(zf_engine* engine, zf_stream stream) {
-  return zf::api_call([&] { get(engine).set_stream(stream); });
+  return zf::api_call([&] { get(engine).single("zf_engine_set_stream").set_stream(stream); });
+}
+
+ZF_API zf_status zf_engine_device_count(const zf_engine* engine, size_t* count) {
+  return zf::api_call([&] {
+    const zf::EngineGroup& e = get(engine);
+    require_out(count, "count");
+    *count = e.device_count();
+  });
+}
+
+ZF_API zf_status zf_engine_device_at(const zf_engine* engine, size_t index, zf_device* device, size_t* memory_bytes) {
+  return zf::api_call([&] {
+    const zf::EngineGroup& e = get(engine);
+    require_out(device, "device");
+    require_out(memory_bytes, "memory_bytes");
+    const zf_device where = e.device(index);
+    *memory_bytes = e.device_memory_bytes(index);
+    *device = where;
+  });
+}
+
+ZF_API zf_status zf_engine_attach_device_memory_at(zf_engine* engine, size_t index, void* memory, size_t bytes) {
+  return zf::api_call([&] { get(engine).attach_device_memory(index, memory, bytes); });
+}
+
+ZF_API zf_status zf_engine_set_stream_at(zf_engine* engine, size_t index, zf_stream stream) {
+  return zf::api_call([&] { get(engine).set_stream(index, stream); });
 }
 
 ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_collectives* collectives) {
@@ -165,7 +193,8 @@ ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_co
 ZF_API zf_status zf_engine_inject_host_lane_fault_for_testing(zf_engine* engine, const char* message) {
   return zf::api_call([&] {
     zf::require(message != nullptr, ZF_ERROR_INVALID_VALUE, "message: NULL");
-    get(engine).inject_host_lane_fault_for_testing(message);
+    zf::EngineGroup& group = get(engine);
+    for (size_t d = 0; d < group.device_count(); ++d) group.engine(d).inject_host_lane_fault_for_testing(message);
   });
 }
 
@@ -196,7 +225,7 @@ ZF_API zf_status zf_engine_flush(zf_engine* engine) {
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats) {
   return zf::api_call([&] {
-    const zf::Engine& e = get(engine);
+    const zf::EngineGroup& e = get(engine);
     require_out(stats, "stats");
     *stats = e.stats();
   });
@@ -204,7 +233,7 @@ ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* s
 
 ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scale) {
   return zf::api_call([&] {
-    const zf::Engine& e = get(engine);
+    const zf::EngineGroup& e = get(engine);
     require_out(loss_scale, "loss_scale");
     *loss_scale = e.loss_scale();
   });
@@ -212,7 +241,7 @@ ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scal
 
 ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state_entry* entries, size_t* count) {
   return zf::api_call([&] {
-    const zf::Engine& e = get(engine);
+    const zf::EngineGroup& e = get(engine);
     require_out(count, "count");
     const std::vector<zf_engine_state_entry> layout = e.state_layout();
     if (entries != nullptr) {
@@ -242,19 +271,31 @@ namespace zf {
 namespace testing {
 
 void inject_host_lane_fault(zf_engine* engine, const char* message) {
-  engine->engine.inject_host_lane_fault_for_testing(message);
+  engine->engine.engine(0).inject_host_lane_fault_for_testing(message);
 }
-int compute_lane_threads(const zf_engine* engine) { return engine->engine.compute_threads(); }
-int host_lane_threads(const zf_engine* engine) { return engine->engine.host_threads(); }
-void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend) {
-  engine->engine.replace_backend_for_testing(std::move(backend));
+int compute_lane_threads(const zf_engine* engine, size_t device) {
+  return engine->engine.engine(device).compute_threads();
 }
-void synchronize_backend(zf_engine* engine) { engine->engine.synchronize_backend(); }
+int host_lane_threads(const zf_engine* engine, size_t device) { return engine->engine.engine(device).host_threads(); }
+void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend, size_t device) {
+  engine->engine.engine(device).replace_backend_for_testing(std::move(backend));
+}
+void synchronize_backend(zf_engine* engine) {
+  for (size_t d = 0; d < engine->engine.device_count(); ++d) engine->engine.engine(d).synchronize_backend();
+}
 std::vector<BucketSpan> buckets(const zf_engine* engine) {
   std::vector<BucketSpan> out;
-  for (const auto& b : engine->engine.buckets_for_testing())
+  for (const auto& b : engine->engine.engine(0).buckets_for_testing())
     out.push_back(BucketSpan{b.first, b.last, b.dtype, b.max_bytes});
   return out;
+}
+zf_engine* create_engine_in_parts(const std::vector<zf_tensor>& params, const std::vector<int32_t>& param_groups,
+                                  const std::vector<zf_engine_group>& groups, const zf_engine_config& config,
+                                  const std::vector<size_t>& parts) {
+  auto engine = std::make_unique<zf_engine>(params.data(), param_groups.data(), params.size(), groups.data(),
+                                            groups.size(), config, &parts);
+  LiveEngines::instance().add(engine.get());
+  return engine.release();
 }
 
 }  // namespace testing

@@ -22,13 +22,26 @@ void HostBackend::column_stats(ColumnStatsPlan& plan, const zf_tensor* grads, co
 }
 
 void HostBackend::step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
-                               int64_t flag_count, double*, double loss_scale, double max_grad_norm) {
+                               int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) {
+  // One partial combined alone: 0 + total is the total, so the bits are a group's of one.
+  ScalarPartial partial{};
+  scalar_partial(&partial, col_sq, columns, flags, flag_count, chunk_sums);
+  combine_scalars(scalars, &partial, 1, loss_scale, max_grad_norm);
+}
+
+void HostBackend::scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                                 int64_t flag_count, double*) {
   double total = 0.0;
   for (int64_t c = 0; c < column_chunks(columns); ++c) total += column_chunk_sum(col_sq, columns, c);
   int32_t nonfinite = 0;
   for (int64_t f = 0; f < flag_count; ++f) nonfinite |= flags[f] != 0 ? 1 : 0;
-  scalars->total_sq = static_cast<float>(total);
-  scalars->nonfinite = nonfinite;
+  partial->total_sq = total;
+  partial->nonfinite = nonfinite;
+}
+
+void HostBackend::combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
+                                  double max_grad_norm) {
+  combine_scalar_partials(scalars, partials, count);
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 

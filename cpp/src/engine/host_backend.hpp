@@ -19,6 +19,10 @@ class HostBackend final : public Backend {
                     int32_t* nonfinite, void* workspace, size_t workspace_bytes) override;
   void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
                     int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override;
+  void scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
+                      int64_t flag_count, double* chunk_sums) override;
+  void combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
+                       double max_grad_norm) override;
   void adamw_selected(AdamwSelectedPlan& plan, const AdamwSelectedPointers* pointers,
                       const StepScalars* scalars) override;
   void pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) override;
@@ -26,6 +30,9 @@ class HostBackend final : public Backend {
                const void* packed) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
   void fill_device_zero(void* device, size_t bytes) override;
+  void copy_from_peer(void* dst, const Backend&, const void* src, size_t bytes) override {
+    copy_device(dst, src, bytes);
+  }
   void copy_down(void* host, const void* device, size_t bytes) override;
   void copy_up(void* device, const void* host, size_t bytes) override;
   Event record(Lane) override { return nullptr; }

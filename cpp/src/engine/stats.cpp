@@ -18,9 +18,8 @@ zf_engine_stats Engine::stats() const {
   s.bytes_down = bytes_down_;
   s.bytes_up = bytes_up_;
   int64_t selected = 0, columns = 0, host_bytes = 0;
+  column_counts(&selected, &columns);
   for (const Matrix& m : matrices_) {
-    selected += static_cast<int64_t>(m.selected.size());
-    columns += m.cols;
     // master, m, v, two accumulators (fp32) and the step counts
     host_bytes += 5 * 4 * m.rows * m.own_cols + 4 * m.own_cols;  // this rank's columns
   }
@@ -34,6 +33,14 @@ zf_engine_stats Engine::stats() const {
   s.collective_bytes_gradients = collective_gradient_bytes_;
   s.collective_bytes_upload = collective_upload_bytes_;
   return s;
+}
+
+void Engine::column_counts(int64_t* selected, int64_t* columns) const {
+  *selected = *columns = 0;
+  for (const Matrix& m : matrices_) {
+    *selected += static_cast<int64_t>(m.selected.size());
+    *columns += m.cols;
+  }
 }
 
 }  // namespace zf

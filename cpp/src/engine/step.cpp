@@ -19,16 +19,18 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // ---- the step ----
 
 void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
-  agree([&] {
-    require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "step: a split step (begin_step) is open");
-    poll_host_lane();
-    require(count == params_.size(), ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", params_.size(),
-            " parameters");
-    require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
-    for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
-    check_lrs(lrs, lr_count);
-  });
+  agree([&] { check_step_arguments(grads, count, lrs, lr_count); });
   run_step(grads, lrs, false);
+}
+
+void Engine::check_step_arguments(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
+  require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "step: a split step (begin_step) is open");
+  poll_host_lane();
+  require(count == params_.size(), ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", params_.size(),
+          " parameters");
+  require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+  for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
+  check_lrs(lrs, lr_count);
 }
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
@@ -66,16 +68,20 @@ ColumnStatsPlan& Engine::range_stats_plan(size_t first, size_t count) {
   return *plan;
 }
 
-void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
+void Engine::check_submit_arguments(size_t first, const zf_tensor* grads, size_t count) const {
   require(in_split_step_, ZF_ERROR_INVALID_VALUE, "submit: no split step is open (call begin_step)");
   require(first <= params_.size() && count <= params_.size() - first, ZF_ERROR_INVALID_VALUE, "submit: parameters [",
           first, ", ", first + count, ") out of range (", params_.size(), " parameters)");
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
   for (size_t j = 0; j < count; ++j) {
-    require(!submitted_flags_[first + j], ZF_ERROR_INVALID_VALUE, "submit: parameter ", first + j,
+    require(!submitted_flags_[first + j], ZF_ERROR_INVALID_VALUE, "submit: parameter ", param_name(first + j),
             " was already submitted in this step");
     check_grad(grads[j], first + j);
   }
+}
+
+void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
+  check_submit_arguments(first, grads, count);
   for (size_t j = 0; j < count; ++j) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
@@ -94,14 +100,21 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
 }
 
 void Engine::end_step() {
-  agree([&] {
-    require(in_split_step_, ZF_ERROR_INVALID_VALUE, "end_step: no split step is open (call begin_step)");
-    for (size_t i = 0; i < params_.size(); ++i)
-      require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", i,
-              " was not submitted (the split step stays open)");
-  });
+  agree([&] { check_end_step_arguments(); });
+  const StepInputs inputs = close_split_step();
+  run_step(inputs.grads, inputs.lrs, inputs.stats_done);
+}
+
+void Engine::check_end_step_arguments() const {
+  require(in_split_step_, ZF_ERROR_INVALID_VALUE, "end_step: no split step is open (call begin_step)");
+  for (size_t i = 0; i < params_.size(); ++i)
+    require(submitted_flags_[i], ZF_ERROR_INVALID_VALUE, "end_step: parameter ", param_name(i),
+            " was not submitted (the split step stays open)");
+}
+
+Engine::StepInputs Engine::close_split_step() {
   in_split_step_ = false;
-  run_step(submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_);
+  return StepInputs{submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_};
 }
 
 void Engine::abort_step() {
@@ -276,9 +289,17 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done
   // Data parallel: a host-lane failure found mid-step is raised at the next agreement, where
   // every rank learns of it.
   const ParallelStepScope scope(*this);
+  run_guarded([&] {
+    step_statistics(grads, stats_done);
+    int64_t due = 0, counted = 0;
+    if (step_update(grads, lrs, &due, &counted)) step_close(due, counted);
+  });
+  cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+}
+
+void Engine::run_guarded(const std::function<void()>& phase) {
   try {
-    run_step_unguarded(grads, lrs, stats_done);
-    cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+    phase();
   } catch (const std::bad_alloc&) {
     cancel_early_buckets();
     throw;
@@ -295,13 +316,11 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done
   }
 }
 
-void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool stats_done) {
+void Engine::step_statistics(const zf_tensor* grads, bool stats_done) {
   check_usable();
   initialize_state();
   // 1. statistics of every gradient (a split step has them from its submits): column sums of
-  // squares and a non-finite flag per pass; then the total, the gradient scale and the skip
-  // flag, on the device.
-  StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  // squares and a non-finite flag per pass.
   // Data parallel: the gradients are reduced first (every column at a selection step), and
   // the statistics are of the reduced gradient, shared by every rank.
   if (parallel()) {
@@ -314,12 +333,32 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
                            device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
   }
   if (parallel()) share_statistics();
-  // The gradient is the ranks' sum: the divisor is the loss scale times the world size.
-  backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
-                         device_int(flags_offset_), static_cast<int64_t>(flag_count()),
-                         reinterpret_cast<double*>(device_ + chunk_sums_offset_), gradient_divisor(),
-                         config_.max_grad_norm);
-  // 2. what the host needs of them
+  // One engine of a group over several devices: its partial, which the group exchanges.
+  if (part_.count > 1)
+    backend_->scalar_partial(partial(part_.index), device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
+                             device_int(flags_offset_), static_cast<int64_t>(flag_count()),
+                             reinterpret_cast<double*>(device_ + chunk_sums_offset_));
+}
+
+void Engine::fail_nonfinite_gradient(size_t name) {
+  fail(ZF_ERROR_INVALID_VALUE, "grads[", name,
+       "]: non-finite gradient (Inf or NaN); the step was skipped and nothing was written");
+}
+
+bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due, int64_t* counted) {
+  // 2. the total, the gradient scale and the skip flag, on the device. The gradient is the
+  // ranks' sum: the divisor is the loss scale times the world size.
+  StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  if (part_.count > 1) {
+    backend_->combine_scalars(scalars, partial(0), static_cast<int64_t>(part_.count), gradient_divisor(),
+                              config_.max_grad_norm);
+  } else {
+    backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
+                           device_int(flags_offset_), static_cast<int64_t>(flag_count()),
+                           reinterpret_cast<double*>(device_ + chunk_sums_offset_), gradient_divisor(),
+                           config_.max_grad_norm);
+  }
+  // what the host needs of them
   if (read_scalars_now()) {
     const StepScalars s = readback_scalars(&stall_readback_);
     if (s.nonfinite) {
@@ -327,14 +366,13 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
         ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
         loss_scale_ *= config_.backoff_factor;
         growth_tracker_ = 0;
-        return;
+        return false;
       }
       if (parallel())
         fail(ZF_ERROR_INVALID_VALUE,
              "grads: a non-finite gradient (Inf or NaN) after the reduction over the ranks; the step was skipped "
              "and nothing was written but the gradients (reduced in place)");
-      fail(ZF_ERROR_INVALID_VALUE, "grads[", find_nonfinite(grads),
-           "]: non-finite gradient (Inf or NaN); the step was skipped and nothing was written");
+      fail_nonfinite_gradient(param_name(find_nonfinite(grads)));
     }
     last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / gradient_divisor();
   } else {
@@ -347,9 +385,9 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
   step_lrs_.resize(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) step_lrs_[g] = lrs ? lrs[g] : groups_[g].lr;
 
-  const Schedule::StepKind kind = schedule_.begin_step();
+  step_kind_ = schedule_.begin_step();
   // 3. selection (after a flush), the lossless exchange (never in a step that started early)
-  if (kind.select) select_columns();
+  if (step_kind_.select) select_columns();
   // 4. AdamW of the selected columns and the dense parameters
   device_pointers_.resize(device_plan_params_.size());
   for (size_t e = 0; e < device_plan_params_.size(); ++e) {
@@ -386,10 +424,13 @@ void Engine::run_step_unguarded(const zf_tensor* grads, const double* lrs, bool 
     ++steps_accumulated_;
     last_lr_ = step_lrs_;
   }
-  // 6. window bookkeeping, close
-  int64_t due = 0, counted = 0;
-  window_bookkeeping(kind.warm_up, &due, &counted);
-  if (schedule_.end_step(due, counted)) close_window(kind.warm_up);
+  // 6. window bookkeeping (a group sums every device's counts before the close)
+  window_bookkeeping(step_kind_.warm_up, due, counted);
+  return true;
+}
+
+void Engine::step_close(int64_t due, int64_t counted) {
+  if (schedule_.end_step(due, counted)) close_window(step_kind_.warm_up);
 }
 
 void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {

@@ -12,12 +12,13 @@ namespace testing {
 
 // The next chunk the engine's host lane starts throws zf::Error(ZF_ERROR_INTERNAL, message).
 void inject_host_lane_fault(zf_engine* engine, const char* message);
-// The engine's pool sizes: compute lane, host lane.
-int compute_lane_threads(const zf_engine* engine);
-int host_lane_threads(const zf_engine* engine);
-// Runs the engine on `backend` (before its first step or load, no device memory attached).
-void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend);
-// Waits for every lane of the engine's backend (the host lane excluded).
+// The engine's pool sizes (of its device `device`): compute lane, host lane.
+int compute_lane_threads(const zf_engine* engine, size_t device = 0);
+int host_lane_threads(const zf_engine* engine, size_t device = 0);
+// Runs the engine (its device `device`) on `backend` (before its first step or load, no
+// device memory attached).
+void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend, size_t device = 0);
+// Waits for every lane of the engine's backends (the host lanes excluded).
 void synchronize_backend(zf_engine* engine);
 // The engine's staging buckets: [first, last) in matrix order (matrices are the
 // parameters with ndim >= 2 outside dense groups, in parameter order), dtype, and the
@@ -28,6 +29,13 @@ struct BucketSpan {
   size_t max_bytes;
 };
 std::vector<BucketSpan> buckets(const zf_engine* engine);
+// An engine over CPU parameters split into parts as if they were on several devices:
+// parts[i] is params[i]'s (parts 0..N-1, each used). Each part runs on its own host backend
+// (or the one use_backend gives it) and the engine drives them as it drives several GPUs.
+// Destroy it with zf_engine_destroy.
+zf_engine* create_engine_in_parts(const std::vector<zf_tensor>& params, const std::vector<int32_t>& param_groups,
+                                  const std::vector<zf_engine_group>& groups, const zf_engine_config& config,
+                                  const std::vector<size_t>& parts);
 
 }  // namespace testing
 }  // namespace zf

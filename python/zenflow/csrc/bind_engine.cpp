@@ -319,7 +319,6 @@ class PyEngine {
     engine_ = created;
     params_ = py::list(param_list);
     group_count_ = group_count;
-    device_ = tensors.empty() ? zf_device{ZF_DEVICE_CPU, 0} : tensors[0].device;
     torch_params_ =
         !tensors.empty() && std::string(py::str(py::type::of(params_[0]).attr("__module__"))).rfind("torch", 0) == 0;
   }
@@ -336,19 +335,57 @@ class PyEngine {
     }
     // Only now: the engine no longer uses the attached memory (destroy waits for its lanes)
     // nor calls the collectives.
-    memory_ = py::none();
+    memory_ = py::list();
     collectives_.reset();
   }
 
   // The compute stream of every later call (engine.h: zf_engine_set_stream): a cudaStream_t
   // as an integer (torch.cuda.Stream.cuda_stream), 0 for the legacy default stream; the host
   // backend takes only 0.
-  void set_stream(const py::object& handle) {
+  // Parameters on several CUDA devices: index picks the device (devices()); None, the only one.
+  void set_stream(const py::object& handle, const py::object& index) {
     zf_engine* engine = live();
     const int64_t value = integer(handle, "stream");
     if (value < 0)
       throw py::value_error("stream: expected a cudaStream_t handle (an integer >= 0), got " + std::to_string(value));
-    check(zf_engine_set_stream(engine, reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+    check(zf_engine_set_stream_at(engine, device_index(index),
+                                  reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+  }
+
+  size_t device_count() const {
+    size_t count = 0;
+    check(zf_engine_device_count(live(), &count));
+    return count;
+  }
+
+  // The devices the parameters are on, as torch names them ("cpu", "cuda:1"), in the order of
+  // the index argument of device_memory_size, attach_device_memory and set_stream.
+  py::list devices() const {
+    py::list out;
+    for (size_t d = 0; d < device_count(); ++d) {
+      zf_device device{};
+      size_t bytes = 0;
+      check(zf_engine_device_at(live(), d, &device, &bytes));
+      out.append(device.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device.index) : std::string("cpu"));
+    }
+    return out;
+  }
+
+  size_t device_index(const py::object& index) const {
+    const size_t count = device_count();
+    if (index.is_none()) {
+      if (count > 1) {
+        throw py::value_error("index: the parameters are on " + std::to_string(count) +
+                              " devices (devices()); give the device's index");
+      }
+      return 0;
+    }
+    const int64_t value = integer(index, "index");
+    if (value < 0 || static_cast<size_t>(value) >= count) {
+      throw py::value_error("index: must be in [0, " + std::to_string(count) + ") (devices()), got " +
+                            std::to_string(value));
+    }
+    return static_cast<size_t>(value);
   }
 
   // Data parallel (engine.h: zf_engine_set_collectives): this engine is rank `rank` of
@@ -392,8 +429,9 @@ class PyEngine {
   // then attach before the first step or load): a contiguous torch.uint8 tensor of at least
   // device_memory_size() elements on the parameters' device. The engine keeps a reference,
   // so the memory lives as long as the engine.
-  void attach_device_memory(const py::object& memory) {
+  void attach_device_memory(const py::object& memory, const py::object& index) {
     zf_engine* engine = live();
+    const size_t d = device_index(index);
     const py::module_ torch = py::module_::import("torch");
     if (!py::isinstance(memory, torch.attr("Tensor"))) {
       throw py::type_error("memory: expected a torch.Tensor of dtype torch.uint8, got " +
@@ -403,18 +441,18 @@ class PyEngine {
       throw py::value_error("memory: expected dtype torch.uint8, got " + std::string(py::str(memory.attr("dtype"))));
     }
     if (!memory.attr("is_contiguous")().cast<bool>()) throw py::value_error("memory: must be contiguous");
+    zf_device want{};
+    size_t needed = 0;
+    check(zf_engine_device_at(engine, d, &want, &needed));
     const py::object device = memory.attr("device");
     const std::string type = py::str(device.attr("type"));
     const bool on_cuda = type == "cuda";
-    const int64_t index = device.attr("index").is_none() ? 0 : device.attr("index").cast<int64_t>();
-    const bool same_device = device_.type == ZF_DEVICE_CUDA ? on_cuda && index == device_.index : type == "cpu";
+    const int64_t device_index = device.attr("index").is_none() ? 0 : device.attr("index").cast<int64_t>();
+    const bool same_device = want.type == ZF_DEVICE_CUDA ? on_cuda && device_index == want.index : type == "cpu";
     if (!same_device) {
-      const std::string want =
-          device_.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device_.index) : std::string("cpu");
-      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " + want);
+      const std::string name = want.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(want.index) : std::string("cpu");
+      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " + name);
     }
-    size_t needed = 0;
-    check(zf_engine_device_memory_size(engine, &needed));
     const int64_t bytes = memory.attr("numel")().cast<int64_t>();
     if (bytes < 0 || static_cast<size_t>(bytes) < needed) {
       throw py::value_error("memory: holds " + std::to_string(bytes) + " bytes, the engine needs " +
@@ -422,8 +460,8 @@ class PyEngine {
     }
     void* data = PyLong_AsVoidPtr(memory.attr("data_ptr")().ptr());
     if (data == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    call([&] { return zf_engine_attach_device_memory(engine, data, static_cast<size_t>(bytes)); });
-    memory_ = memory;
+    call([&] { return zf_engine_attach_device_memory_at(engine, d, data, static_cast<size_t>(bytes)); });
+    memory_.append(memory);
   }
 
   void step(const py::object& grads, const py::object& lrs) {
@@ -514,9 +552,10 @@ class PyEngine {
     return scale;
   }
 
-  size_t device_memory_size() const {
+  size_t device_memory_size(const py::object& index) const {
+    zf_device device{};
     size_t bytes = 0;
-    check(zf_engine_device_memory_size(live(), &bytes));
+    check(zf_engine_device_at(live(), device_index(index), &device, &bytes));
     return bytes;
   }
 
@@ -664,9 +703,8 @@ class PyEngine {
 
   zf_engine* engine_ = nullptr;
   py::list params_;                             // keeps the parameters alive at the addresses the engine holds
-  py::object memory_ = py::none();              // the attached device memory, released after destroy
+  py::list memory_;                             // the attached device memory, released after destroy
   std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
-  zf_device device_{ZF_DEVICE_CPU, 0};          // the parameters' device
   py::list submitted_;
   size_t group_count_ = 0;
   bool torch_params_ = false;
@@ -680,14 +718,16 @@ The zenflow engine: the whole stall-free pipeline as one object (see docs/design
 
 Engine(params, groups, config=None)
   params: list of tensors (fp32, bf16 or fp16, contiguous), updated in place, all on the CPU
-          (the host backend) or all on one CUDA device (the CUDA backend, in a build with
-          CUDA). Keep them alive and at the same address for the engine's lifetime.
+          (the host backend) or all on CUDA devices (the CUDA backend, in a build with CUDA;
+          one device or several). Keep them alive and at the same address for the engine's
+          lifetime.
 
 CUDA parameters: call set_stream(torch.cuda.current_stream(device).cuda_stream) before the
 calls that run work (step, begin_step, submit, end_step, abort_step, flush, state_dict,
 load_state_dict), and attach_device_memory(torch.empty(device_memory_size(),
-dtype=torch.uint8, device=device)) before the first step or load. The state_dict buffers are
-CPU tensors for both backends, so a checkpoint loads across them.
+dtype=torch.uint8, device=device)) before the first step or load. With parameters on several
+devices, devices() lists them and each of the three calls takes the device's index. The
+state_dict buffers are CPU tensors for every backend, so a checkpoint loads across them.
   groups: list of dicts {"params": [indices into params], "lr": float,
           "weight_decay": float (0), "dense": bool (False)}; each parameter in exactly one.
   config: dict of engine settings (topk_ratio, update_interval, overlap_step, ...); missing
@@ -708,11 +748,15 @@ CPU tensors for both backends, so a checkpoint loads across them.
            "Testing: the host lane's next piece of work fails with `message`.")
       .def("stats", &PyEngine::stats)
       .def_property_readonly("loss_scale", &PyEngine::loss_scale)
-      .def("device_memory_size", &PyEngine::device_memory_size,
-           "Bytes of device memory the engine needs (attach_device_memory), known at creation.")
-      .def("attach_device_memory", &PyEngine::attach_device_memory, py::arg("memory"),
+      .def("device_count", &PyEngine::device_count, "The number of devices the parameters are on.")
+      .def("devices", &PyEngine::devices,
+           "The parameters' devices ('cpu', 'cuda:1', ...), in the order of the index arguments.")
+      .def("device_memory_size", &PyEngine::device_memory_size, py::arg("index") = py::none(),
+           "Bytes of device memory the engine needs on device `index` (attach_device_memory), known at creation; "
+           "index None: the only device.")
+      .def("attach_device_memory", &PyEngine::attach_device_memory, py::arg("memory"), py::arg("index") = py::none(),
            "Gives the engine its device memory before the first step or load: a contiguous torch.uint8 "
-           "tensor of at least device_memory_size() elements on the parameters' device; the engine keeps it.")
+           "tensor of at least device_memory_size(index) elements on that device; the engine keeps it.")
       .def("set_collectives", &PyEngine::set_collectives, py::arg("rank"), py::arg("world_size"),
            py::arg("all_reduce_sum"), py::arg("reduce_scatter_sum"), py::arg("all_gather"),
            "Data parallel: this engine is rank `rank` of `world_size`. all_reduce_sum(address, count, dtype, "
@@ -722,9 +766,9 @@ CPU tensors for both backends, so a checkpoint loads across them.
            "('float32', 'bfloat16', 'float16', 'int32', 'int64'), stream the cudaStream_t (0 on the host). An "
            "exception fails the engine call with its text. Before attach_device_memory (query device_memory_size after "
            "it).")
-      .def("set_stream", &PyEngine::set_stream, py::arg("stream"),
-           "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call; "
-           "the host backend takes only 0.")
+      .def("set_stream", &PyEngine::set_stream, py::arg("stream"), py::arg("index") = py::none(),
+           "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call on "
+           "device `index` (None: the only device); the host backend takes only 0.")
       .def("state_dict", &PyEngine::state_dict,
            "Flushes, then returns the optimizer state (independent of the selection).")
       .def("load_state_dict", &PyEngine::load_state_dict, py::arg("state"))

@@ -1,0 +1,404 @@
+// The engine over parameters on one or several devices (engine_group.hpp).
+#include "engine/engine_group.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "common/error.hpp"
+#include "common/tensor.hpp"
+
+namespace zf {
+namespace {
+
+// The part of each parameter, from its device: parts in increasing device index. Empty when
+// every parameter is on one device (or there are none).
+std::vector<size_t> parts_by_device(const zf_tensor* params, size_t param_count) {
+  if (param_count == 0 || params == nullptr) return {};
+  std::map<int32_t, size_t> cuda_devices;
+  for (size_t i = 0; i < param_count; ++i) {
+    const ArgName name("params", i);
+    check_descriptor(&params[i], name);
+    const zf_device& device = params[i].device;
+    require(device.type == params[0].device.type, ZF_ERROR_INVALID_VALUE, name, ": on ", describe_device(device),
+            " while params[0] is on ", describe_device(params[0].device),
+            " (an engine's parameters are all CPU tensors or all CUDA tensors)");
+    if (device.type == ZF_DEVICE_CUDA) cuda_devices.emplace(device.index, 0);
+  }
+  if (cuda_devices.size() <= 1) return {};
+  size_t next = 0;
+  for (auto& entry : cuda_devices) entry.second = next++;
+  std::vector<size_t> parts(param_count);
+  for (size_t i = 0; i < param_count; ++i) parts[i] = cuda_devices.at(params[i].device.index);
+  return parts;
+}
+
+zf_engine_stats add_stats(zf_engine_stats total, const zf_engine_stats& s) {
+  // Counts of the schedule (steps, windows, selections, skips) and the norm are the same on
+  // every device; time and memory add up (the training thread waits on each device in turn).
+  total.stall_seconds_window_close += s.stall_seconds_window_close;
+  total.stall_seconds_back_pressure += s.stall_seconds_back_pressure;
+  total.stall_seconds_flush += s.stall_seconds_flush;
+  total.stall_seconds_readback += s.stall_seconds_readback;
+  total.host_update_seconds += s.host_update_seconds;
+  total.accumulate_seconds += s.accumulate_seconds;
+  total.bytes_down += s.bytes_down;
+  total.bytes_up += s.bytes_up;
+  total.device_state_bytes += s.device_state_bytes;
+  total.host_state_bytes += s.host_state_bytes;
+  total.device_bytes += s.device_bytes;
+  total.pinned_host_bytes += s.pinned_host_bytes;
+  return total;
+}
+
+}  // namespace
+
+EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, size_t param_count,
+                         const zf_engine_group* groups, size_t group_count, const zf_engine_config& config,
+                         const std::vector<size_t>* parts_for_testing)
+    : param_count_(param_count) {
+  std::vector<size_t> parts = parts_for_testing != nullptr ? *parts_for_testing : parts_by_device(params, param_count);
+  if (parts.empty()) {
+    engines_.push_back(std::make_unique<Engine>(params, param_groups, param_count, groups, group_count, config));
+    return;
+  }
+  require(parts.size() == param_count && params != nullptr && param_groups != nullptr, ZF_ERROR_INVALID_VALUE,
+          "params: one part per parameter");
+  const size_t count = *std::max_element(parts.begin(), parts.end()) + 1;
+  std::vector<std::vector<size_t>> names(count);
+  part_of_ = parts;
+  local_of_.resize(param_count);
+  for (size_t i = 0; i < param_count; ++i) {
+    local_of_[i] = names[parts[i]].size();
+    names[parts[i]].push_back(i);
+  }
+  // Each device's host lane gets its share of the automatic host threads: the devices'
+  // host updates run at the same time. The compute lanes run one device after the other on
+  // the training thread, so each keeps the whole count.
+  zf_engine_config part_config = config;
+  if (config.host_threads == 0) {
+    int compute = 1, host = 1;
+    automatic_thread_counts(config, &compute, &host);
+    part_config.host_threads = std::max(1, host / static_cast<int>(count));
+  }
+  for (size_t d = 0; d < count; ++d) {
+    require(!names[d].empty(), ZF_ERROR_INVALID_VALUE, "params: part ", d, " has no parameter");
+    std::vector<zf_tensor> part_params;
+    std::vector<int32_t> part_groups;
+    for (size_t i : names[d]) {
+      part_params.push_back(params[i]);
+      part_groups.push_back(param_groups[i]);
+    }
+    EnginePart part;
+    part.index = d;
+    part.count = count;
+    part.param_names = names[d];
+    engines_.push_back(std::make_unique<Engine>(part_params.data(), part_groups.data(), part_params.size(), groups,
+                                                group_count, part_config, std::move(part)));
+  }
+  // The checkpoint's buffers: every parameter's entries in the caller's parameter order.
+  buffers_of_.assign(count, {});
+  std::vector<std::vector<zf_engine_state_entry>> layouts;
+  for (const auto& e : engines_) layouts.push_back(e->state_layout());
+  std::vector<size_t> cursor(count, 0);
+  for (size_t i = 0; i < param_count; ++i) {
+    const size_t d = part_of_[i];
+    while (cursor[d] < layouts[d].size() && static_cast<size_t>(layouts[d][cursor[d]].param) == i) {
+      buffers_of_[d].push_back(buffer_count_++);
+      ++cursor[d];
+    }
+  }
+  for (size_t d = 0; d < count; ++d) engines_[d]->set_buffer_names(buffers_of_[d]);
+  partials_read_.assign(count, nullptr);
+}
+
+// ---- devices ----
+
+zf_device EngineGroup::device(size_t d) const {
+  require(d < engines_.size(), ZF_ERROR_INVALID_VALUE, "device: ", d, " is not in [0, ", engines_.size(), ")");
+  return engines_[d]->device();
+}
+
+size_t EngineGroup::device_memory_bytes(size_t d) const {
+  device(d);
+  return engines_[d]->device_memory_bytes();
+}
+
+void EngineGroup::attach_device_memory(size_t d, void* memory, size_t bytes) {
+  device(d);
+  engines_[d]->attach_device_memory(memory, bytes);
+}
+
+void EngineGroup::set_stream(size_t d, zf_stream stream) {
+  device(d);
+  engines_[d]->set_stream(stream);
+}
+
+Engine& EngineGroup::single(const char* call) {
+  require(!several(), ZF_ERROR_INVALID_VALUE, call, ": the parameters are on ", engines_.size(),
+          " devices; give each device its own (the *_at calls, with zf_engine_device_count)");
+  return *engines_[0];
+}
+
+const Engine& EngineGroup::single(const char* call) const { return const_cast<EngineGroup*>(this)->single(call); }
+
+void EngineGroup::set_collectives(const zf_engine_collectives* collectives) {
+  require(!several() || collectives == nullptr || collectives->world_size == 1, ZF_ERROR_NOT_SUPPORTED,
+          "collectives: data parallel with parameters on several devices in one process is not supported (run one "
+          "process per device)");
+  for (auto& e : engines_) e->set_collectives(collectives);
+}
+
+// ---- the step ----
+
+void EngineGroup::check_usable() const {
+  if (sticky_) throw Error(sticky_status_, sticky_message_);
+}
+
+std::vector<std::vector<zf_tensor>> EngineGroup::split_params(const zf_tensor* tensors) const {
+  std::vector<std::vector<zf_tensor>> out(engines_.size());
+  for (size_t i = 0; i < param_count_; ++i) out[part_of_[i]].push_back(tensors[i]);
+  return out;
+}
+
+void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
+  if (!several()) return engines_[0]->step(grads, count, lrs, lr_count);
+  check_usable();
+  require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
+          " parameters");
+  require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+  // Every device's checks before any device does anything: bad input changes nothing.
+  const std::vector<std::vector<zf_tensor>> parts = split_params(grads);
+  for (size_t d = 0; d < engines_.size(); ++d)
+    engines_[d]->check_step_arguments(parts[d].data(), parts[d].size(), lrs, lr_count);
+  std::vector<Engine::StepInputs> inputs;
+  for (const auto& part : parts) inputs.push_back(Engine::StepInputs{part.data(), lrs, false});
+  run_step(inputs);
+}
+
+void EngineGroup::begin_step(const double* lrs, size_t lr_count) {
+  if (!several()) return engines_[0]->begin_step(lrs, lr_count);
+  check_usable();
+  for (size_t d = 0; d < engines_.size(); ++d) {
+    try {
+      engines_[d]->begin_step(lrs, lr_count);
+    } catch (...) {
+      for (size_t o = 0; o < d; ++o) engines_[o]->abort_step();
+      throw;
+    }
+  }
+}
+
+void EngineGroup::submit(size_t first, const zf_tensor* grads, size_t count) {
+  if (!several()) return engines_[0]->submit(first, grads, count);
+  require(engines_[0]->in_split_step(), ZF_ERROR_INVALID_VALUE, "submit: no split step is open (call begin_step)");
+  require(first <= param_count_ && count <= param_count_ - first, ZF_ERROR_INVALID_VALUE, "submit: parameters [", first,
+          ", ", first + count, ") out of range (", param_count_, " parameters)");
+  require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+  // A run of the caller's parameters is a run of each device's (its parameters keep the
+  // caller's order): each device gets its part, after every part passed its checks.
+  std::vector<size_t> local_first(engines_.size(), 0);
+  std::vector<std::vector<zf_tensor>> parts(engines_.size());
+  for (size_t j = 0; j < count; ++j) {
+    const size_t d = part_of_[first + j];
+    if (parts[d].empty()) local_first[d] = local_of_[first + j];
+    parts[d].push_back(grads[j]);
+  }
+  for (size_t d = 0; d < engines_.size(); ++d)
+    engines_[d]->check_submit_arguments(local_first[d], parts[d].data(), parts[d].size());
+  for (size_t d = 0; d < engines_.size(); ++d) {
+    if (!parts[d].empty()) engines_[d]->submit(local_first[d], parts[d].data(), parts[d].size());
+  }
+}
+
+void EngineGroup::end_step() {
+  if (!several()) return engines_[0]->end_step();
+  check_usable();
+  for (const auto& e : engines_) e->check_end_step_arguments();
+  std::vector<Engine::StepInputs> inputs;
+  for (const auto& e : engines_) inputs.push_back(e->close_split_step());
+  run_step(inputs);
+}
+
+void EngineGroup::abort_step() {
+  for (auto& e : engines_) e->abort_step();
+}
+
+void EngineGroup::run_step(const std::vector<Engine::StepInputs>& inputs) {
+  const size_t count = engines_.size();
+  auto finish_all = [&] {
+    for (auto& e : engines_) e->finish_step();
+  };
+  // 1. Statistics and partials. Nothing is written but the statistics, which the next step
+  // overwrites: a failure here leaves the group as it was.
+  try {
+    for (size_t d = 0; d < count; ++d) {
+      Engine& e = *engines_[d];
+      e.run_guarded([&] {
+        // Its partial is rewritten only after every device has read the last one.
+        for (size_t o = 0; o < count; ++o) {
+          if (o != d) e.wait_compute(partials_read_[o]);
+        }
+        e.step_statistics(inputs[d].grads, inputs[d].stats_done);
+      });
+    }
+  } catch (...) {
+    finish_all();
+    throw;
+  }
+  size_t failing = 0;
+  try {
+    exchange_partials();
+    // On the host backend the partials are read in place, so a non-finite gradient is named
+    // (by the caller's index) before any device writes, as one engine does.
+    if (engines_[0]->host_visible() && engines_[0]->config().loss_scaling != ZF_LOSS_SCALING_DYNAMIC) {
+      for (size_t d = 0; d < count; ++d) {
+        if (!engines_[d]->own_partial_nonfinite()) continue;
+        const size_t name = engines_[d]->first_nonfinite(inputs[d].grads);
+        finish_all();
+        Engine::fail_nonfinite_gradient(name);
+      }
+    }
+  } catch (const Error& error) {
+    if (error.status() == ZF_ERROR_INVALID_VALUE) throw;
+    finish_all();
+    fail_sticky_from(0, error);
+  }
+  // 2. The update on every device, then 3. the close, with the window counts of all.
+  try {
+    int64_t due = 0, counted = 0;
+    bool proceed = true;
+    for (failing = 0; failing < count; ++failing) {
+      Engine& e = *engines_[failing];
+      int64_t device_due = 0, device_counted = 0;
+      e.run_guarded(
+          [&] { proceed = e.step_update(inputs[failing].grads, inputs[failing].lrs, &device_due, &device_counted); });
+      due += device_due;
+      counted += device_counted;
+    }
+    if (proceed) {
+      for (failing = 0; failing < count; ++failing) {
+        Engine& e = *engines_[failing];
+        e.run_guarded([&] { e.step_close(due, counted); });
+      }
+    }
+  } catch (const std::exception& error) {
+    finish_all();
+    fail_sticky_from(failing, error);
+  }
+  finish_all();
+}
+
+void EngineGroup::exchange_partials() {
+  // Every device copies every other device's partial into its own array (a 16-byte peer
+  // copy on its compute lane after the owner's event), then combines the array in order.
+  const size_t count = engines_.size();
+  std::vector<Event> ready(count);
+  for (size_t d = 0; d < count; ++d) ready[d] = engines_[d]->record_compute();
+  for (size_t d = 0; d < count; ++d) {
+    Engine& e = *engines_[d];
+    e.run_guarded([&] {
+      for (size_t o = 0; o < count; ++o) {
+        if (o == d) continue;
+        e.wait_compute(ready[o]);
+        e.copy_partial_from(*engines_[o], o);
+      }
+      partials_read_[d] = e.record_compute();
+    });
+  }
+}
+
+void EngineGroup::fail_sticky_from(size_t d, const std::exception& error) {
+  // A step that failed part way (a device error, a host-lane failure) has updated some
+  // devices and not others: the group refuses steps until a state is loaded.
+  const auto* status = dynamic_cast<const Error*>(&error);
+  sticky_ = true;
+  sticky_status_ = status != nullptr ? status->status() : ZF_ERROR_INTERNAL;
+  sticky_message_ =
+      "engine over " + std::to_string(engines_.size()) + " devices: the step failed on " +
+      describe_device(engines_[std::min(d, engines_.size() - 1)]->device()) +
+      " after other devices had begun it (the engine refuses steps until it loads a state): " + error.what();
+  throw Error(sticky_status_, sticky_message_);
+}
+
+void EngineGroup::flush() {
+  if (several()) check_usable();
+  for (auto& e : engines_) e->flush();
+}
+
+zf_engine_stats EngineGroup::stats() const {
+  zf_engine_stats total = engines_[0]->stats();
+  if (!several()) return total;
+  int64_t selected = 0, columns = 0;
+  for (size_t d = 0; d < engines_.size(); ++d) {
+    if (d > 0) total = add_stats(total, engines_[d]->stats());
+    int64_t s = 0, c = 0;
+    engines_[d]->column_counts(&s, &c);
+    selected += s;
+    columns += c;
+  }
+  total.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
+  return total;
+}
+
+// ---- checkpoint: the caller's layout, each device's entries at their parameters' places ----
+
+std::vector<zf_engine_state_entry> EngineGroup::state_layout() const {
+  if (!several()) return engines_[0]->state_layout();
+  std::vector<zf_engine_state_entry> out(buffer_count_);
+  for (size_t d = 0; d < engines_.size(); ++d) {
+    const std::vector<zf_engine_state_entry> layout = engines_[d]->state_layout();
+    for (size_t e = 0; e < layout.size(); ++e) out[buffers_of_[d][e]] = layout[e];
+  }
+  return out;
+}
+
+void EngineGroup::check_buffer_count(size_t count, const void* buffers) const {
+  require(count == buffer_count_, ZF_ERROR_INVALID_VALUE, "buffers: ", count, " buffers for a state of ", buffer_count_,
+          " entries");
+  require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
+}
+
+std::vector<std::vector<zf_tensor>> EngineGroup::split_buffers(const zf_tensor* buffers) const {
+  std::vector<std::vector<zf_tensor>> out(engines_.size());
+  for (size_t d = 0; d < engines_.size(); ++d)
+    for (size_t global : buffers_of_[d]) out[d].push_back(buffers[global]);
+  return out;
+}
+
+void EngineGroup::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
+  if (!several()) return engines_[0]->save_state(buffers, count, counters, loss_scale);
+  check_usable();
+  check_buffer_count(count, buffers);
+  const std::vector<std::vector<zf_tensor>> parts = split_buffers(buffers);
+  for (size_t d = 0; d < engines_.size(); ++d)
+    engines_[d]->check_save_arguments(parts[d].data(), parts[d].size(), counters, loss_scale);
+  // The counters and the loss scale are the same on every device: the first one's are kept.
+  int64_t other_counters[ZF_ENGINE_STATE_COUNTERS];
+  double other_scale = 0.0;
+  for (size_t d = 0; d < engines_.size(); ++d) {
+    engines_[d]->save_state(parts[d].data(), parts[d].size(), d == 0 ? counters : other_counters,
+                            d == 0 ? loss_scale : &other_scale);
+    require(
+        d == 0 || (std::memcmp(counters, other_counters, sizeof(other_counters)) == 0 && other_scale == *loss_scale),
+        ZF_ERROR_INTERNAL, "save_state: the schedules of ", describe_device(engines_[0]->device()), " and ",
+        describe_device(engines_[d]->device()), " differ");
+  }
+}
+
+void EngineGroup::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
+  if (!several()) return engines_[0]->load_state(buffers, count, counters, loss_scale);
+  check_buffer_count(count, buffers);
+  const std::vector<std::vector<zf_tensor>> parts = split_buffers(buffers);
+  for (size_t d = 0; d < engines_.size(); ++d)
+    engines_[d]->check_load_arguments(parts[d].data(), parts[d].size(), counters, loss_scale);
+  try {
+    for (size_t d = 0; d < engines_.size(); ++d) engines_[d]->apply_load(parts[d].data(), counters, loss_scale);
+  } catch (const std::exception& error) {
+    fail_sticky_from(0, error);
+  }
+  sticky_ = false;
+  partials_read_.assign(engines_.size(), nullptr);  // apply_load synchronized every device
+}
+
+}  // namespace zf
