@@ -246,6 +246,12 @@ struct RunOptions {
   std::vector<size_t> parts;
 };
 
+// An engine over `model` with its parameters in `parts` (host backends).
+zenflow::Engine engine_in_parts(Model& model, const zf_engine_config& c, const std::vector<size_t>& parts) {
+  return zenflow::Engine(
+      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, parts));
+}
+
 // The engine of a run: one engine, or one over parts, on host or simulated backends.
 zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOptions& o) {
   if (o.parts.empty()) {
@@ -255,8 +261,7 @@ zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOp
                                std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies));
     return engine;
   }
-  zenflow::Engine engine(
-      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, o.parts));
+  zenflow::Engine engine = engine_in_parts(model, c, o.parts);
   if (o.simulated) {
     auto world = std::make_shared<SimulatedWorld>();
     for (size_t d = 0; d < engine.device_count(); ++d)
@@ -421,9 +426,11 @@ TEST(EngineLaneOrdering, NonFiniteGradientIsFoundAfterItsStepAndSticks) {
 // ---- an engine over several devices (engine_group.hpp), on CPU parts ----
 
 // Parts of the standard model's six parameters: two devices, interleaved, so every split
-// range and bucket crosses devices; a third device holding only the dense matrix.
+// range and bucket crosses devices; three devices.
 const std::vector<size_t> kTwoDevices = {0, 1, 0, 1, 1, 0};
 const std::vector<size_t> kThreeDevices = {1, 0, 2, 1, 0, 2};
+// The dense matrix alone on the first device, which then has no host work at all.
+const std::vector<size_t> kDenseAlone = {1, 1, 1, 1, 1, 0};
 
 class EngineDevices : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
 
@@ -438,7 +445,7 @@ TEST_P(EngineDevices, PartsOnSeveralDevicesMatchOneEngineBitForBit) {
     o.update_interval = interval;
     o.parts.clear();
     const auto one = trajectory(o);
-    for (const auto& parts : {kTwoDevices, kThreeDevices}) {
+    for (const auto& parts : {kTwoDevices, kThreeDevices, kDenseAlone}) {
       o.parts = parts;
       expect_same(one, trajectory(o), interval == 0 ? "parts, auto interval" : "parts, interval 3");
     }
@@ -504,8 +511,7 @@ TEST(EngineDevices, ClippingUsesTheNormOverEveryDevice) {
   c.max_grad_norm = 1e9;
   zenflow::Engine whole(model.tensors(), model.param_groups, model.groups, c);
   Model copy = model;
-  zenflow::Engine split(
-      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, c, kTwoDevices));
+  zenflow::Engine split = engine_in_parts(copy, c, kTwoDevices);
   std::vector<HostTensor> grads = make_grads(model, 1);
   whole.step(tensors_of(grads));
   split.step(tensors_of(grads));
@@ -517,8 +523,7 @@ TEST(EngineDevices, BadInputOnOneDeviceChangesNothingOnAny) {
   zf_engine_config c = zf_engine_test::test_config();
   c.topk_ratio = 0.3;
   c.update_interval = 2;
-  zenflow::Engine engine(
-      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  zenflow::Engine engine = engine_in_parts(model, c, kTwoDevices);
   std::vector<std::vector<HostTensor>> alive;
   alive.push_back(make_grads(model, 1, true));
   engine.step(tensors_of(alive.back()));
@@ -576,30 +581,41 @@ TEST(EngineDevices, BadInputOnOneDeviceChangesNothingOnAny) {
   EXPECT_EQ(zf_engine_set_collectives(engine.get(), &collectives), ZF_ERROR_NOT_SUPPORTED);
 }
 
-TEST(EngineDevices, DevicesMemoryStatsAndThreads) {
+class EngineDevicesStats : public ::testing::TestWithParam<std::vector<size_t>> {};
+
+TEST_P(EngineDevicesStats, DevicesMemoryStatsAndThreads) {
+  const std::vector<size_t>& parts = GetParam();
+  const size_t devices = *std::max_element(parts.begin(), parts.end()) + 1;
   Model model = standard_model(ZF_DTYPE_BF16, 4);
   zf_engine_config c = zf_engine_test::test_config();
   c.topk_ratio = 0.3;
+  c.select_strategy = ZF_SELECT_STEP;
+  c.select_interval = 3;
   zenflow::Engine whole(model.tensors(), model.param_groups, model.groups, c);
   Model copy = model;
-  zenflow::Engine split(
-      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, c, kThreeDevices));
+  zenflow::Engine split = engine_in_parts(copy, c, parts);
   ASSERT_EQ(whole.device_count(), 1u);
-  ASSERT_EQ(split.device_count(), 3u);
+  ASSERT_EQ(split.device_count(), devices);
   EXPECT_EQ(whole.device_at(0).second, whole.device_memory_size());
   size_t split_bytes = 0;
-  for (size_t d = 0; d < 3; ++d) {
+  for (size_t d = 0; d < devices; ++d) {
     EXPECT_GT(split.device_at(d).second, 0u);
     split_bytes += split.device_at(d).second;
   }
-  for (int64_t t = 1; t <= 6; ++t) {
+  for (int64_t t = 1; t <= 9; ++t) {
     std::vector<HostTensor> grads = make_grads(model, t, true);
     whole.step(tensors_of(grads));
     split.step(tensors_of(grads));
   }
+  whole.flush();
+  split.flush();
   const zf_engine_stats a = whole.stats(), b = split.stats();
   EXPECT_EQ(a.steps, b.steps);
+  EXPECT_GT(a.windows, 0);
   EXPECT_EQ(a.windows, b.windows);
+  EXPECT_GT(a.reselections, 0);
+  EXPECT_EQ(a.reselections, b.reselections);
+  EXPECT_NEAR(a.last_global_norm, b.last_global_norm, 1e-6 * a.last_global_norm);  // summed in another order
   EXPECT_EQ(a.bytes_down, b.bytes_down);
   EXPECT_EQ(a.bytes_up, b.bytes_up);
   EXPECT_EQ(a.selected_fraction, b.selected_fraction);
@@ -608,12 +624,13 @@ TEST(EngineDevices, DevicesMemoryStatsAndThreads) {
   // The automatic host threads are shared out between the devices' host lanes.
   zf_engine_config automatic = zf_engine_config_default();
   automatic.host_threads = 0;
-  zenflow::Engine shared(
-      zf::testing::create_engine_in_parts(copy.tensors(), copy.param_groups, copy.groups, automatic, kTwoDevices));
+  zenflow::Engine shared = engine_in_parts(copy, automatic, kTwoDevices);
   zenflow::Engine alone(copy.tensors(), copy.param_groups, copy.groups, automatic);
   const int total = zf::testing::host_lane_threads(alone.get());
   for (size_t d = 0; d < 2; ++d) EXPECT_EQ(zf::testing::host_lane_threads(shared.get(), d), std::max(1, total / 2));
 }
+
+INSTANTIATE_TEST_SUITE_P(Parts, EngineDevicesStats, ::testing::Values(kThreeDevices, kDenseAlone));
 
 TEST(EngineDevices, CheckpointsMoveBetweenOneEngineAndSeveralDevices) {
   Model model = standard_model(ZF_DTYPE_BF16, 6);
@@ -622,8 +639,7 @@ TEST(EngineDevices, CheckpointsMoveBetweenOneEngineAndSeveralDevices) {
   c.update_interval = 3;
   c.select_strategy = ZF_SELECT_STEP;
   c.select_interval = 4;
-  zenflow::Engine split(
-      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  zenflow::Engine split = engine_in_parts(model, c, kTwoDevices);
   std::vector<std::vector<HostTensor>> alive;
   for (int64_t t = 1; t <= 5; ++t) {
     alive.push_back(make_grads(model, t, true, 2));
@@ -643,8 +659,7 @@ TEST(EngineDevices, CheckpointsMoveBetweenOneEngineAndSeveralDevices) {
     EXPECT_EQ(std::memcmp(whole_state.data(e), state.data(e), state.layout[e].bytes), 0) << "entry " << e;
   }
   Model third = model;
-  zenflow::Engine again(
-      zf::testing::create_engine_in_parts(third.tensors(), third.param_groups, third.groups, c, kThreeDevices));
+  zenflow::Engine again = engine_in_parts(third, c, kThreeDevices);
   again.load_state(whole_state);
   for (int64_t t = 6; t <= 13; ++t) {
     alive.push_back(make_grads(model, t, true, 2));
@@ -677,8 +692,7 @@ TEST(EngineDevices, AHostLaneFailureOnOneDeviceIsRaisedOnTheTrainingThread) {
   zf_engine_config c = zf_engine_test::test_config();
   c.topk_ratio = 0.3;
   c.update_interval = 1;
-  zenflow::Engine engine(
-      zf::testing::create_engine_in_parts(model.tensors(), model.param_groups, model.groups, c, kTwoDevices));
+  zenflow::Engine engine = engine_in_parts(model, c, kTwoDevices);
   std::vector<HostTensor> grads = make_grads(model, 1);
   engine.step(tensors_of(grads));
   ASSERT_EQ(zf_engine_inject_host_lane_fault_for_testing(engine.get(), "injected"), ZF_SUCCESS);

@@ -34,20 +34,16 @@ std::vector<size_t> parts_by_device(const zf_tensor* params, size_t param_count)
 }
 
 zf_engine_stats add_stats(zf_engine_stats total, const zf_engine_stats& s) {
-  // Counts of the schedule (steps, windows, selections, skips) and the norm are the same on
-  // every device; time and memory add up (the training thread waits on each device in turn).
-  total.stall_seconds_window_close += s.stall_seconds_window_close;
-  total.stall_seconds_back_pressure += s.stall_seconds_back_pressure;
-  total.stall_seconds_flush += s.stall_seconds_flush;
-  total.stall_seconds_readback += s.stall_seconds_readback;
-  total.host_update_seconds += s.host_update_seconds;
-  total.accumulate_seconds += s.accumulate_seconds;
-  total.bytes_down += s.bytes_down;
-  total.bytes_up += s.bytes_up;
-  total.device_state_bytes += s.device_state_bytes;
-  total.host_state_bytes += s.host_state_bytes;
-  total.device_bytes += s.device_bytes;
-  total.pinned_host_bytes += s.pinned_host_bytes;
+  // Counts of the schedule (steps, skips) and the norm are the same on every device (windows
+  // and reselections on every device with matrices); time and memory add up (the training
+  // thread waits on each device in turn).
+  using S = zf_engine_stats;
+  for (double S::*seconds : {&S::stall_seconds_window_close, &S::stall_seconds_back_pressure, &S::stall_seconds_flush,
+                             &S::stall_seconds_readback, &S::host_update_seconds, &S::accumulate_seconds})
+    total.*seconds += s.*seconds;
+  for (int64_t S::*bytes : {&S::bytes_down, &S::bytes_up, &S::device_state_bytes, &S::host_state_bytes,
+                            &S::device_bytes, &S::pinned_host_bytes})
+    total.*bytes += s.*bytes;
   return total;
 }
 
@@ -246,24 +242,22 @@ void EngineGroup::run_step(const std::vector<Engine::StepInputs>& inputs) {
     finish_all();
     throw;
   }
-  size_t failing = 0;
   try {
     exchange_partials();
-    // On the host backend the partials are read in place, so a non-finite gradient is named
-    // (by the caller's index) before any device writes, as one engine does.
-    if (engines_[0]->host_visible() && engines_[0]->config().loss_scaling != ZF_LOSS_SCALING_DYNAMIC) {
-      for (size_t d = 0; d < count; ++d) {
-        if (!engines_[d]->own_partial_nonfinite()) continue;
-        const size_t name = engines_[d]->first_nonfinite(inputs[d].grads);
-        finish_all();
-        Engine::fail_nonfinite_gradient(name);
-      }
-    }
-  } catch (const Error& error) {
-    if (error.status() == ZF_ERROR_INVALID_VALUE) throw;
+  } catch (const std::exception& error) {
     finish_all();
     fail_sticky_from(0, error);
   }
+  // On the host backend the partials are read in place, so a non-finite gradient is named
+  // (by the caller's index) before any device writes, as one engine does.
+  if (engines_[0]->host_visible() && engines_[0]->config().loss_scaling != ZF_LOSS_SCALING_DYNAMIC) {
+    for (size_t d = 0; d < count; ++d) {
+      if (!engines_[d]->own_partial_nonfinite()) continue;
+      finish_all();
+      Engine::fail_nonfinite_gradient(engines_[d]->first_nonfinite(inputs[d].grads));
+    }
+  }
+  size_t failing = 0;
   // 2. The update on every device, then 3. the close, with the window counts of all.
   try {
     int64_t due = 0, counted = 0;
@@ -331,7 +325,14 @@ zf_engine_stats EngineGroup::stats() const {
   if (!several()) return total;
   int64_t selected = 0, columns = 0;
   for (size_t d = 0; d < engines_.size(); ++d) {
-    if (d > 0) total = add_stats(total, engines_[d]->stats());
+    if (d == 0) continue;
+    const zf_engine_stats s = engines_[d]->stats();
+    total = add_stats(total, s);
+    // A device without matrices runs no host update, so it counts no windows.
+    total.windows = std::max(total.windows, s.windows);
+    total.reselections = std::max(total.reselections, s.reselections);
+  }
+  for (size_t d = 0; d < engines_.size(); ++d) {
     int64_t s = 0, c = 0;
     engines_[d]->column_counts(&s, &c);
     selected += s;
