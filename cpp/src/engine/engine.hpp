@@ -11,7 +11,8 @@
 //   once (overlap off, warm-up) or at the next close (overlap on)].
 //
 // Files: engine.cpp (setup, checks), step.cpp (the step, windows, flush), selection.cpp (top-k and the
-// exchange), checkpoint.cpp, stats.cpp, engine_api.cpp (the C ABI).
+// exchange), checkpoint.cpp, stats.cpp, engine_group.cpp (one engine per device, in lock step),
+// engine_api.cpp (the C ABI).
 #pragma once
 
 #include <algorithm>
@@ -84,7 +85,7 @@ class Engine {
   void step_close(int64_t due, int64_t counted);
   void finish_step() { cancel_early_buckets(); }
   // The partial exchange: this engine's compute lane copies device `slot`'s partial from that
-  // device's engine, after `ready` (recorded on the peer's compute lane).
+  // device's engine (the group orders the copy after the peer's event with wait_compute).
   Event record_compute() { return backend_->record(Lane::kCompute); }
   void wait_compute(const Event& event) { backend_->wait(Lane::kCompute, event); }
   void copy_partial_from(const Engine& peer, size_t slot) {
