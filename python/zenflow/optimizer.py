@@ -127,7 +127,11 @@ class _Layout:
         # engine numbers CUDA devices in increasing index (its device() order).
         found = {p.device for p in self.params} or {torch.device("cpu")}
         self.devices = sorted(found, key=lambda d: -1 if d.index is None else d.index)
-        self.device = self.devices[0]
+
+    @property
+    def device(self) -> torch.device:
+        """The first device: its type is every parameter's."""
+        return self.devices[0]
 
 
 def _on_stream(engine: Any, layout: _Layout) -> Any:

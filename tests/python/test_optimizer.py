@@ -782,7 +782,6 @@ def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeyp
     opt._engine = recorder
     devices = [torch.device("cuda", d) for d in range(device_count)]
     opt._layout.devices = devices
-    opt._layout.device = devices[0]
     asked = []
 
     class FakeStream:

@@ -137,12 +137,10 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
     const ArgName name("params", param_name(i));
     check_descriptor(&params[i], name);
     if (i == 0) check_device_compiled(params[0].device, name);
+    // EngineGroup gives each engine one device's parameters.
     require(params[i].device.type == params[0].device.type && params[i].device.index == params[0].device.index,
-            ZF_ERROR_INVALID_VALUE, name, ": on ",
-            params[i].device.type == ZF_DEVICE_CUDA ? "cuda:" : "cpu:", params[i].device.index,
-            " while params[0] is on ",
-            params[0].device.type == ZF_DEVICE_CUDA ? "cuda:" : "cpu:", params[0].device.index,
-            " (one engine drives the parameters of one device)");
+            ZF_ERROR_INVALID_VALUE, name, ": on ", describe_device(params[i].device), " while params[0] is on ",
+            describe_device(params[0].device), " (one engine drives the parameters of one device)");
     check_dtype(params[i], name, {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
     check_contiguous(params[i], name);
     require(numel(params[i]) > 0, ZF_ERROR_INVALID_VALUE, name, ": has no elements");

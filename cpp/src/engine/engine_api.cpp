@@ -193,8 +193,7 @@ ZF_API zf_status zf_engine_set_collectives(zf_engine* engine, const zf_engine_co
 ZF_API zf_status zf_engine_inject_host_lane_fault_for_testing(zf_engine* engine, const char* message) {
   return zf::api_call([&] {
     zf::require(message != nullptr, ZF_ERROR_INVALID_VALUE, "message: NULL");
-    zf::EngineGroup& group = get(engine);
-    for (size_t d = 0; d < group.device_count(); ++d) group.engine(d).inject_host_lane_fault_for_testing(message);
+    get(engine).inject_host_lane_fault_for_testing(message);
   });
 }
 
@@ -271,7 +270,7 @@ namespace zf {
 namespace testing {
 
 void inject_host_lane_fault(zf_engine* engine, const char* message) {
-  engine->engine.engine(0).inject_host_lane_fault_for_testing(message);
+  engine->engine.inject_host_lane_fault_for_testing(message);
 }
 int compute_lane_threads(const zf_engine* engine, size_t device) {
   return engine->engine.engine(device).compute_threads();

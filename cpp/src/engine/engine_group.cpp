@@ -33,6 +33,15 @@ std::vector<size_t> parts_by_device(const zf_tensor* params, size_t param_count)
   return parts;
 }
 
+// Each part's entries of a caller's array: out[d][j] = all[indices[d][j]].
+template <class T>
+std::vector<std::vector<T>> gather_parts(const T* all, const std::vector<std::vector<size_t>>& indices) {
+  std::vector<std::vector<T>> out(indices.size());
+  for (size_t d = 0; d < indices.size(); ++d)
+    for (size_t i : indices[d]) out[d].push_back(all[i]);
+  return out;
+}
+
 zf_engine_stats add_stats(zf_engine_stats total, const zf_engine_stats& s) {
   // Counts of the schedule (steps, skips) and the norm are the same on every device (windows
   // and reselections on every device with matrices); time and memory add up (the training
@@ -61,12 +70,12 @@ EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, s
   require(parts.size() == param_count && params != nullptr && param_groups != nullptr, ZF_ERROR_INVALID_VALUE,
           "params: one part per parameter");
   const size_t count = *std::max_element(parts.begin(), parts.end()) + 1;
-  std::vector<std::vector<size_t>> names(count);
+  params_of_.assign(count, {});
   part_of_ = parts;
   local_of_.resize(param_count);
   for (size_t i = 0; i < param_count; ++i) {
-    local_of_[i] = names[parts[i]].size();
-    names[parts[i]].push_back(i);
+    local_of_[i] = params_of_[parts[i]].size();
+    params_of_[parts[i]].push_back(i);
   }
   // Each device's host lane gets its share of the automatic host threads: the devices'
   // host updates run at the same time. The compute lanes run one device after the other on
@@ -77,20 +86,16 @@ EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, s
     automatic_thread_counts(config, &compute, &host);
     part_config.host_threads = std::max(1, host / static_cast<int>(count));
   }
+  const std::vector<std::vector<zf_tensor>> part_params = gather_parts(params, params_of_);
+  const std::vector<std::vector<int32_t>> part_groups = gather_parts(param_groups, params_of_);
   for (size_t d = 0; d < count; ++d) {
-    require(!names[d].empty(), ZF_ERROR_INVALID_VALUE, "params: part ", d, " has no parameter");
-    std::vector<zf_tensor> part_params;
-    std::vector<int32_t> part_groups;
-    for (size_t i : names[d]) {
-      part_params.push_back(params[i]);
-      part_groups.push_back(param_groups[i]);
-    }
+    require(!params_of_[d].empty(), ZF_ERROR_INVALID_VALUE, "params: part ", d, " has no parameter");
     EnginePart part;
     part.index = d;
     part.count = count;
-    part.param_names = names[d];
-    engines_.push_back(std::make_unique<Engine>(part_params.data(), part_groups.data(), part_params.size(), groups,
-                                                group_count, part_config, std::move(part)));
+    part.param_names = params_of_[d];
+    engines_.push_back(std::make_unique<Engine>(part_params[d].data(), part_groups[d].data(), part_params[d].size(),
+                                                groups, group_count, part_config, std::move(part)));
   }
   // The checkpoint's buffers: every parameter's entries in the caller's parameter order.
   buffers_of_.assign(count, {});
@@ -110,24 +115,25 @@ EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, s
 
 // ---- devices ----
 
-zf_device EngineGroup::device(size_t d) const {
+const Engine& EngineGroup::at(size_t d) const {
   require(d < engines_.size(), ZF_ERROR_INVALID_VALUE, "device: ", d, " is not in [0, ", engines_.size(), ")");
-  return engines_[d]->device();
+  return *engines_[d];
 }
 
-size_t EngineGroup::device_memory_bytes(size_t d) const {
-  device(d);
-  return engines_[d]->device_memory_bytes();
-}
+Engine& EngineGroup::at(size_t d) { return const_cast<Engine&>(static_cast<const EngineGroup*>(this)->at(d)); }
+
+zf_device EngineGroup::device(size_t d) const { return at(d).device(); }
+
+size_t EngineGroup::device_memory_bytes(size_t d) const { return at(d).device_memory_bytes(); }
 
 void EngineGroup::attach_device_memory(size_t d, void* memory, size_t bytes) {
-  device(d);
-  engines_[d]->attach_device_memory(memory, bytes);
+  at(d).attach_device_memory(memory, bytes);
 }
 
-void EngineGroup::set_stream(size_t d, zf_stream stream) {
-  device(d);
-  engines_[d]->set_stream(stream);
+void EngineGroup::set_stream(size_t d, zf_stream stream) { at(d).set_stream(stream); }
+
+void EngineGroup::inject_host_lane_fault_for_testing(const std::string& message) {
+  for (auto& e : engines_) e->inject_host_lane_fault_for_testing(message);
 }
 
 Engine& EngineGroup::single(const char* call) {
@@ -151,12 +157,6 @@ void EngineGroup::check_usable() const {
   if (sticky_) throw Error(sticky_status_, sticky_message_);
 }
 
-std::vector<std::vector<zf_tensor>> EngineGroup::split_params(const zf_tensor* tensors) const {
-  std::vector<std::vector<zf_tensor>> out(engines_.size());
-  for (size_t i = 0; i < param_count_; ++i) out[part_of_[i]].push_back(tensors[i]);
-  return out;
-}
-
 void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
   if (!several()) return engines_[0]->step(grads, count, lrs, lr_count);
   check_usable();
@@ -164,7 +164,7 @@ void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, 
           " parameters");
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
   // Every device's checks before any device does anything: bad input changes nothing.
-  const std::vector<std::vector<zf_tensor>> parts = split_params(grads);
+  const std::vector<std::vector<zf_tensor>> parts = gather_parts(grads, params_of_);
   for (size_t d = 0; d < engines_.size(); ++d)
     engines_[d]->check_step_arguments(parts[d].data(), parts[d].size(), lrs, lr_count);
   std::vector<Engine::StepInputs> inputs;
@@ -360,18 +360,11 @@ void EngineGroup::check_buffer_count(size_t count, const void* buffers) const {
   require(count == 0 || buffers != nullptr, ZF_ERROR_INVALID_VALUE, "buffers: NULL");
 }
 
-std::vector<std::vector<zf_tensor>> EngineGroup::split_buffers(const zf_tensor* buffers) const {
-  std::vector<std::vector<zf_tensor>> out(engines_.size());
-  for (size_t d = 0; d < engines_.size(); ++d)
-    for (size_t global : buffers_of_[d]) out[d].push_back(buffers[global]);
-  return out;
-}
-
 void EngineGroup::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
   if (!several()) return engines_[0]->save_state(buffers, count, counters, loss_scale);
   check_usable();
   check_buffer_count(count, buffers);
-  const std::vector<std::vector<zf_tensor>> parts = split_buffers(buffers);
+  const std::vector<std::vector<zf_tensor>> parts = gather_parts(buffers, buffers_of_);
   for (size_t d = 0; d < engines_.size(); ++d)
     engines_[d]->check_save_arguments(parts[d].data(), parts[d].size(), counters, loss_scale);
   // The counters and the loss scale are the same on every device: the first one's are kept.
@@ -390,7 +383,7 @@ void EngineGroup::save_state(const zf_tensor* buffers, size_t count, int64_t* co
 void EngineGroup::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
   if (!several()) return engines_[0]->load_state(buffers, count, counters, loss_scale);
   check_buffer_count(count, buffers);
-  const std::vector<std::vector<zf_tensor>> parts = split_buffers(buffers);
+  const std::vector<std::vector<zf_tensor>> parts = gather_parts(buffers, buffers_of_);
   for (size_t d = 0; d < engines_.size(); ++d)
     engines_[d]->check_load_arguments(parts[d].data(), parts[d].size(), counters, loss_scale);
   try {

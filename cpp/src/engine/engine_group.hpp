@@ -44,6 +44,8 @@ class EngineGroup {
   const Engine& single(const char* call) const;
   Engine& engine(size_t d) { return *engines_[d]; }
   const Engine& engine(size_t d) const { return *engines_[d]; }
+  // Testing: the next host-lane chunk of every device throws with `message`.
+  void inject_host_lane_fault_for_testing(const std::string& message);
 
   void set_collectives(const zf_engine_collectives* collectives);
 
@@ -63,19 +65,20 @@ class EngineGroup {
 
  private:
   bool several() const { return engines_.size() > 1; }
+  // Device d's engine; INVALID_VALUE naming `device` when d is out of range.
+  Engine& at(size_t d);
+  const Engine& at(size_t d) const;
   void check_usable() const;
   // Runs the three phases of a step on every device (inputs: each device's gradients).
   void run_step(const std::vector<Engine::StepInputs>& inputs);
   void exchange_partials();
   void fail_sticky_from(size_t d, const std::exception& error);
-  // The caller's per-parameter array split into each device's part (in the caller's order).
-  std::vector<std::vector<zf_tensor>> split_params(const zf_tensor* tensors) const;
-  std::vector<std::vector<zf_tensor>> split_buffers(const zf_tensor* buffers) const;
   void check_buffer_count(size_t count, const void* buffers) const;
 
   std::vector<std::unique_ptr<Engine>> engines_;
   size_t param_count_ = 0;
   std::vector<size_t> part_of_, local_of_;       // per parameter: its device's part, index there
+  std::vector<std::vector<size_t>> params_of_;   // per part: the caller's index of each parameter
   std::vector<std::vector<size_t>> buffers_of_;  // per part: the caller's index of each buffer
   size_t buffer_count_ = 0;
   std::vector<Event> partials_read_;  // per part: it has read every partial of the last step

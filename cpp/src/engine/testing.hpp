@@ -10,7 +10,7 @@
 namespace zf {
 namespace testing {
 
-// The next chunk the engine's host lane starts throws zf::Error(ZF_ERROR_INTERNAL, message).
+// The next chunk each of the engine's host lanes starts throws zf::Error(ZF_ERROR_INTERNAL, message).
 void inject_host_lane_fault(zf_engine* engine, const char* message);
 // The engine's pool sizes (of its device `device`): compute lane, host lane.
 int compute_lane_threads(const zf_engine* engine, size_t device = 0);

@@ -362,13 +362,18 @@ class PyEngine {
   // the index argument of device_memory_size, attach_device_memory and set_stream.
   py::list devices() const {
     py::list out;
-    for (size_t d = 0; d < device_count(); ++d) {
+    const size_t count = device_count();
+    for (size_t d = 0; d < count; ++d) {
       zf_device device{};
       size_t bytes = 0;
       check(zf_engine_device_at(live(), d, &device, &bytes));
-      out.append(device.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device.index) : std::string("cpu"));
+      out.append(device_name(device));
     }
     return out;
+  }
+
+  static std::string device_name(const zf_device& device) {
+    return device.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device.index) : std::string("cpu");
   }
 
   size_t device_index(const py::object& index) const {
@@ -450,8 +455,8 @@ class PyEngine {
     const int64_t device_index = device.attr("index").is_none() ? 0 : device.attr("index").cast<int64_t>();
     const bool same_device = want.type == ZF_DEVICE_CUDA ? on_cuda && device_index == want.index : type == "cpu";
     if (!same_device) {
-      const std::string name = want.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(want.index) : std::string("cpu");
-      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " + name);
+      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " +
+                            device_name(want));
     }
     const int64_t bytes = memory.attr("numel")().cast<int64_t>();
     if (bytes < 0 || static_cast<size_t>(bytes) < needed) {
