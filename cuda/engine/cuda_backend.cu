@@ -8,12 +8,16 @@
 //
 // Every hand-over between the lanes is a CUDA event the engine records and waits for
 // (Backend::record / wait); the host lane waits for a slot's copy with cudaEventSynchronize
-// on its own thread, never the training thread. Kernels are the ops' launchers (the
+// on its own thread, never the training thread. That thread selects this backend's device
+// once (bind_engine_thread) and uses the thread-local capture mode; every call of the
+// training thread runs in a device scope that gives the caller's context back and creates
+// none elsewhere (cpp/src/common/cuda_rules.hpp). Kernels are the ops' launchers (the
 // cuda_ops() table); the only kernel of its own is the one-thread step-scalars kernel.
 // Every call makes the backend's device current and restores the caller's.
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -70,36 +74,65 @@ __global__ void combine_scalars_kernel(StepScalars* scalars, const ScalarPartial
   compute_step_scalars(scalars, loss_scale, max_grad_norm);
 }
 
-// For destructors and frees, which must not throw (a failed device must not end the
-// process): makes `device` current if it can and restores the caller's device.
-struct ScopedDeviceNoThrow {
-  explicit ScopedDeviceNoThrow(int device) {
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) changed = cudaSetDevice(device) == cudaSuccess;
+// Events come from a pool: a record reuses an event no one refers to any more instead of
+// creating and destroying one per record (driver calls each). They use blocking
+// synchronisation, so a thread waiting for one (the host lane for a slot's copy, the training
+// thread in a flush) sleeps instead of spinning on a core the host AdamW needs. The pool
+// lives as long as its last event: an event held by a queued host-lane job may outlive the
+// backend's own reference.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    const ScopedDeviceNoThrow guard(device_);
+    for (cudaEvent_t event : free_) cudaEventDestroy(event);
   }
-  ~ScopedDeviceNoThrow() {
-    if (changed) cudaSetDevice(previous);
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  // An event for one record; back in the pool once the last reference is gone. The caller
+  // has made the pool's device current.
+  Event acquire();
+
+ private:
+  void release(cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
   }
-  ScopedDeviceNoThrow(const ScopedDeviceNoThrow&) = delete;
-  ScopedDeviceNoThrow& operator=(const ScopedDeviceNoThrow&) = delete;
-  int previous = 0;
-  bool changed = false;
+
+  int device_;
+  std::mutex mutex_;  // records on the training thread, releases on the host lane too
+  std::vector<cudaEvent_t> free_;
 };
 
 class CudaEvent final : public BackendEvent {
  public:
-  explicit CudaEvent(int device) : device_(device) {
-    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  }
-  ~CudaEvent() override {
-    const ScopedDeviceNoThrow guard(device_);
-    cudaEventDestroy(event_);  // released by the driver once the event has completed
-  }
+  explicit CudaEvent(cudaEvent_t event) : event_(event) {}
   cudaEvent_t get() const { return event_; }
 
  private:
-  int device_;
-  cudaEvent_t event_ = nullptr;
+  cudaEvent_t event_;
 };
+
+Event EventPool::acquire() {
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      event = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
+               "cudaEventCreateWithFlags");
+  }
+  std::shared_ptr<EventPool> pool = shared_from_this();
+  return Event(new CudaEvent(event), [pool](BackendEvent* recorded) {
+    pool->release(static_cast<CudaEvent*>(recorded)->get());
+    delete recorded;
+  });
+}
 
 // A contiguous descriptor on the device: [rows] when cols < 0, else [rows, cols].
 zf_tensor device_tensor(const void* data, zf_dtype dtype, int device, int64_t rows, int64_t cols) {
@@ -110,7 +143,8 @@ zf_tensor device_tensor(const void* data, zf_dtype dtype, int device, int64_t ro
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, int host_threads) : device_(device), pool_(host_threads) {
+  CudaBackend(int device, int host_threads)
+      : device_(device), events_(std::make_shared<EventPool>(device)), pool_(host_threads) {
     const ScopedDevice guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(down)");
     const cudaError_t status = cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking);
@@ -238,8 +272,8 @@ class CudaBackend final : public Backend {
 
   Event record(Lane lane) override {
     const ScopedDevice guard(device_);
-    auto event = std::make_shared<CudaEvent>(device_);
-    check_cuda(cudaEventRecord(event->get(), stream(lane)), "cudaEventRecord");
+    Event event = events_->acquire();
+    check_cuda(cudaEventRecord(cuda_event(event), stream(lane)), "cudaEventRecord");
     return event;
   }
 
@@ -249,17 +283,20 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamWaitEvent(stream(lane), cuda_event(event), 0), "cudaStreamWaitEvent");
   }
 
+  // On the host lane the device is already current (bind_engine_thread), so the scope costs
+  // a context lookup; on the training thread it keeps the wait off any other device.
   void host_wait(const Event& event) override {
     if (!event) return;
+    const ScopedDevice guard(device_);
     check_cuda(cudaEventSynchronize(cuda_event(event)), "cudaEventSynchronize");
   }
 
   bool done(const Event& event) override {
     if (!event) return true;
-    const cudaError_t status = cudaEventQuery(cuda_event(event));
-    if (status == cudaErrorNotReady) return false;
-    check_cuda(status, "cudaEventQuery");
-    return true;
+    const ScopedDevice guard(device_);
+    bool complete = false;
+    check_cuda(query_event(runtime(), cuda_event(event), &complete), "cudaEventQuery");
+    return complete;
   }
 
   void synchronize() override {
@@ -267,6 +304,22 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(stream(Lane::kCompute)), "cudaStreamSynchronize(compute)");
     check_cuda(cudaStreamSynchronize(down_), "cudaStreamSynchronize(down)");
     check_cuda(cudaStreamSynchronize(up_), "cudaStreamSynchronize(up)");
+  }
+
+  void bind_engine_thread() override { check_cuda(zf::bind_engine_thread(runtime(), device_), "cudaSetDevice"); }
+
+  bool capturing(zf_stream compute) override {
+    const ScopedDevice guard(device_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t error = cudaStreamIsCapturing(static_cast<cudaStream_t>(compute), &status);
+    if (error == cudaErrorStreamCaptureImplicit) {
+      // The legacy default stream while another stream captures: using it would join that
+      // capture. Not sticky: clear it.
+      cudaGetLastError();
+      return true;
+    }
+    check_cuda(error, "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
   }
 
   bool host_visible() const override { return false; }
@@ -309,7 +362,10 @@ class CudaBackend final : public Backend {
     return memory;
   }
 
-  void free_pinned(void* memory) override { cudaFreeHost(memory); }
+  void free_pinned(void* memory) override {
+    const ScopedDeviceNoThrow guard(device_);  // no context on another device for the free
+    cudaFreeHost(memory);
+  }
 
   ThreadPool& host_pool() override { return pool_; }
   zf_device device() const override { return zf_device{ZF_DEVICE_CUDA, device_}; }
@@ -350,6 +406,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  std::shared_ptr<EventPool> events_;
   zf_stream compute_ = nullptr;  // the caller's stream; nullptr = the legacy default stream
   cudaStream_t down_ = nullptr, up_ = nullptr;
   ThreadPool pool_;

@@ -14,7 +14,9 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -140,6 +142,10 @@ class SimulatedAsyncBackend final : public zf::Backend {
   void host_wait(const zf::Event& event) override {
     if (!event) return;
     std::lock_guard<std::recursive_mutex> lock(world_->mutex);
+    // A thread of the engine's that waits without having bound itself to the backend would,
+    // on CUDA, create a context on whatever device is current there (GPU 0).
+    if (std::this_thread::get_id() != creator_ && bound_.count(std::this_thread::get_id()) == 0)
+      zf::fail(ZF_ERROR_INTERNAL, "simulated backend: host_wait on an engine thread that did not bind itself");
     auto& e = static_cast<SimulatedEvent&>(*event);
     while (!e.complete) {
       if (!run_one() && !world_->run_one_anywhere())
@@ -160,6 +166,18 @@ class SimulatedAsyncBackend final : public zf::Backend {
       if (!lane.empty()) zf::fail(ZF_ERROR_INTERNAL, "simulated backend: deadlock in synchronize");
     }
   }
+
+  void bind_engine_thread() override {
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
+    bound_.insert(std::this_thread::get_id());
+  }
+  // The threads bound so far (the training thread, which created the backend, never is).
+  size_t bound_threads() {
+    std::lock_guard<std::recursive_mutex> lock(world_->mutex);
+    return bound_.size();
+  }
+  bool capturing(zf_stream) override { return capturing_; }
+  void set_capturing(bool capturing) { capturing_ = capturing; }
 
   bool host_visible() const override { return false; }
   void set_stream(zf_stream) override {}
@@ -216,6 +234,9 @@ class SimulatedAsyncBackend final : public zf::Backend {
 
   zf::HostBackend host_;
   std::shared_ptr<SimulatedWorld> world_;
+  const std::thread::id creator_ = std::this_thread::get_id();
+  std::set<std::thread::id> bound_;  // guarded by the world's mutex
+  bool capturing_ = false;           // set by the training thread only
   std::deque<Item> lanes_[3];
   std::mt19937_64 rng_;
   int eagerness_;
@@ -765,6 +786,96 @@ TEST(EngineMemoryLayout, StagingIsARingOfSlotsWhateverTheModelSize) {
 }  // namespace
 
 namespace {
+
+// CUDA-graph capture: a call on a capturing compute stream would hand work to host threads
+// that a replay never runs. Every entry point refuses it before it changes anything.
+TEST(EngineStreams, ACapturingComputeStreamIsRefusedByEveryCallAndChangesNothing) {
+  Model model = standard_model(ZF_DTYPE_BF16, 5);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = 2;
+  Model reference_model = model;
+  Model donor_model = model;  // gives the state to load (saving flushes: not the reference)
+  zenflow::Engine reference(reference_model.tensors(), reference_model.param_groups, reference_model.groups, c);
+  zenflow::Engine donor(donor_model.tensors(), donor_model.param_groups, donor_model.groups, c);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  auto backend = std::make_unique<SimulatedAsyncBackend>(5, 30);
+  SimulatedAsyncBackend* simulated = backend.get();
+  zf::testing::use_backend(engine.get(), std::move(backend));
+  std::deque<std::vector<HostTensor>> alive;
+  for (int64_t t = 1; t <= 3; ++t) {
+    alive.push_back(make_grads(model, t));
+    engine.step(tensors_of(alive.back()), step_lrs(model, t));
+    reference.step(tensors_of(alive.back()), step_lrs(model, t));
+    donor.step(tensors_of(alive.back()), step_lrs(model, t));
+  }
+  zf::testing::synchronize_backend(engine.get());
+  const std::vector<HostTensor> before = model.params;
+  const zf_engine_stats stats_before = engine.stats();
+  zenflow::EngineState state = donor.save_state();
+
+  simulated->set_capturing(true);
+  alive.push_back(make_grads(model, 100));
+  const std::vector<zf_tensor> bad = tensors_of(alive.back());
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"step", [&] { engine.step(bad, step_lrs(model, 4)); }},
+      {"begin_step", [&] { engine.begin_step(step_lrs(model, 4)); }},
+      {"flush", [&] { engine.flush(); }},
+      {"save_state", [&] { engine.save_state(); }},
+      {"load_state", [&] { engine.load_state(state); }},
+      {"set_stream", [&] { engine.set_stream(nullptr); }},
+  };
+  for (const auto& call : calls) {
+    try {
+      call.second();
+      ADD_FAILURE() << call.first << " ran on a capturing stream";
+    } catch (const zenflow::Error& e) {
+      EXPECT_EQ(e.status(), ZF_ERROR_NOT_SUPPORTED) << call.first;
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind(call.first, 0), 0u) << message;
+      EXPECT_NE(message.find("capturing a CUDA graph"), std::string::npos) << message;
+    }
+  }
+  simulated->set_capturing(false);
+  zf::testing::synchronize_backend(engine.get());
+  for (size_t i = 0; i < model.params.size(); ++i)
+    EXPECT_TRUE(model.params[i].bitwise_equal(before[i])) << "a refused call wrote param " << i;
+  EXPECT_EQ(engine.stats().steps, stats_before.steps);
+  EXPECT_EQ(engine.stats().bytes_down, stats_before.bytes_down);
+  // ... and the run goes on as if nothing had been tried.
+  for (int64_t t = 4; t <= 7; ++t) {
+    alive.push_back(make_grads(model, t));
+    engine.step(tensors_of(alive.back()), step_lrs(model, t));
+    reference.step(tensors_of(alive.back()), step_lrs(model, t));
+  }
+  engine.flush();
+  reference.flush();
+  zf::testing::synchronize_backend(engine.get());
+  for (size_t i = 0; i < model.params.size(); ++i)
+    EXPECT_TRUE(model.params[i].bitwise_equal(reference_model.params[i])) << "param " << i;
+}
+
+// The host lane's thread binds itself to the backend before it waits for anything (on CUDA:
+// its device, once, and the thread-local capture mode). The simulated backend raises on a
+// wait from an engine thread that did not; here the lane must have bound exactly one thread.
+TEST(EngineStreams, TheHostLaneBindsItsThreadOnceBeforeItsFirstWait) {
+  Model model = standard_model(ZF_DTYPE_BF16, 5);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = 2;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  auto backend = std::make_unique<SimulatedAsyncBackend>(9, 30);
+  SimulatedAsyncBackend* simulated = backend.get();
+  zf::testing::use_backend(engine.get(), std::move(backend));
+  EXPECT_EQ(simulated->bound_threads(), 0u);
+  std::deque<std::vector<HostTensor>> alive;
+  for (int64_t t = 1; t <= 6; ++t) {
+    alive.push_back(make_grads(model, t));
+    engine.step(tensors_of(alive.back()), step_lrs(model, t));
+  }
+  engine.flush();
+  EXPECT_EQ(simulated->bound_threads(), 1u);
+}
 
 TEST(EngineStreams, TheHostBackendTakesOnlyTheNullStream) {
   Model model = standard_model();

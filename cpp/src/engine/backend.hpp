@@ -92,6 +92,13 @@ class Backend {
   virtual void host_wait(const Event& event) = 0;
   virtual bool done(const Event& event) = 0;
   virtual void synchronize() = 0;  // every lane of the backend (the host lane excluded)
+  // Called once on each thread the engine owns (its host lane), before the thread's first
+  // call into the backend: the CUDA backend selects its device there for the thread's life
+  // and relaxes the thread's stream-capture mode (cpp/src/common/cuda_rules.hpp).
+  virtual void bind_engine_thread() {}
+  // Whether `stream` is capturing a CUDA graph (or, for the legacy default stream, whether
+  // using it would join another stream's capture). Engine calls refuse to run then.
+  virtual bool capturing(zf_stream /*stream*/) { return false; }
 
   // ---- memory and placement ----
   // true: device memory is host memory (the host backend); the engine reads it in place.

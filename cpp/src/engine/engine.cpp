@@ -177,7 +177,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   create_backend(compute_threads_);
   set_ownership();
   setup_buckets_and_memory();
-  lane_ = std::make_unique<HostLane>(host_threads);
+  lane_ = make_host_lane(host_threads);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, int host_threads) {
@@ -185,6 +185,29 @@ std::unique_ptr<Backend> make_cuda_backend(int device, int host_threads) {
   require(factory != nullptr, ZF_ERROR_NOT_SUPPORTED,
           "params: CUDA tensors need the engine's CUDA backend, which this build of zenflow does not have");
   return std::unique_ptr<Backend>(factory(device, host_threads));
+}
+
+std::unique_ptr<HostLane> Engine::make_host_lane(int threads) {
+  Backend* backend = backend_.get();  // the lane is rebuilt whenever the backend is replaced
+  return std::make_unique<HostLane>(threads, [backend] { backend->bind_engine_thread(); });
+}
+
+namespace {
+[[noreturn]] void fail_capturing(const char* call) {
+  fail(ZF_ERROR_NOT_SUPPORTED, call,
+       ": the compute stream is capturing a CUDA graph. An engine call cannot be captured: it hands work to the "
+       "engine's host threads and copies through pinned host memory, which a graph replay would not do. Capture "
+       "the forward and backward passes only, and call the optimizer step outside the capture");
+}
+}  // namespace
+
+void Engine::refuse_capture(const char* call) const {
+  if (backend_->capturing(backend_->compute_stream())) fail_capturing(call);
+}
+
+void Engine::set_stream(zf_stream stream) {
+  if (backend_->capturing(stream)) fail_capturing("set_stream");
+  backend_->set_stream(stream);
 }
 
 void Engine::create_backend(int compute_threads) {
@@ -207,7 +230,7 @@ void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
   backend_ = std::move(backend);
   buckets_.clear();
   setup_buckets_and_memory();
-  lane_ = std::make_unique<HostLane>(lane_threads);
+  lane_ = make_host_lane(lane_threads);
 }
 
 Engine::~Engine() {

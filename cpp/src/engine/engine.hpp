@@ -115,7 +115,11 @@ class Engine {
   void write_state(const zf_tensor* buffers, int64_t* counters, double* loss_scale);
   void load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale);
 
-  void set_stream(zf_stream stream) { backend_->set_stream(stream); }
+  // The compute lane's stream; refused while `stream` is capturing a CUDA graph.
+  void set_stream(zf_stream stream);
+  // Refuses (ZF_ERROR_NOT_SUPPORTED, naming `call`) while the compute stream is capturing a
+  // CUDA graph: every call that enqueues work checks this before it changes anything.
+  void refuse_capture(const char* call) const;
   // Data parallel (parallel.cpp): rank `rank` of `world_size`; before device memory and the
   // first step.
   void set_collectives(const zf_engine_collectives* collectives);
@@ -141,6 +145,9 @@ class Engine {
   }
 
  private:
+  // The host lane, its thread bound to this engine's backend (Backend::bind_engine_thread).
+  std::unique_ptr<HostLane> make_host_lane(int threads);
+
   struct Param {
     zf_tensor tensor;
     int32_t group;

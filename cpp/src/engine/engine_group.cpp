@@ -157,7 +157,12 @@ void EngineGroup::check_usable() const {
   if (sticky_) throw Error(sticky_status_, sticky_message_);
 }
 
+void EngineGroup::refuse_capture(const char* call) const {
+  for (const auto& e : engines_) e->refuse_capture(call);
+}
+
 void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
+  refuse_capture("step");
   if (!several()) return engines_[0]->step(grads, count, lrs, lr_count);
   check_usable();
   require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
@@ -173,6 +178,7 @@ void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, 
 }
 
 void EngineGroup::begin_step(const double* lrs, size_t lr_count) {
+  refuse_capture("begin_step");
   if (!several()) return engines_[0]->begin_step(lrs, lr_count);
   check_usable();
   for (size_t d = 0; d < engines_.size(); ++d) {
@@ -186,6 +192,7 @@ void EngineGroup::begin_step(const double* lrs, size_t lr_count) {
 }
 
 void EngineGroup::submit(size_t first, const zf_tensor* grads, size_t count) {
+  refuse_capture("submit");
   if (!several()) return engines_[0]->submit(first, grads, count);
   require(engines_[0]->in_split_step(), ZF_ERROR_INVALID_VALUE, "submit: no split step is open (call begin_step)");
   require(first <= param_count_ && count <= param_count_ - first, ZF_ERROR_INVALID_VALUE, "submit: parameters [", first,
@@ -208,6 +215,7 @@ void EngineGroup::submit(size_t first, const zf_tensor* grads, size_t count) {
 }
 
 void EngineGroup::end_step() {
+  refuse_capture("end_step");
   if (!several()) return engines_[0]->end_step();
   check_usable();
   for (const auto& e : engines_) e->check_end_step_arguments();
@@ -316,6 +324,7 @@ void EngineGroup::fail_sticky_from(size_t d, const std::exception& error) {
 }
 
 void EngineGroup::flush() {
+  refuse_capture("flush");
   if (several()) check_usable();
   for (auto& e : engines_) e->flush();
 }
@@ -361,6 +370,7 @@ void EngineGroup::check_buffer_count(size_t count, const void* buffers) const {
 }
 
 void EngineGroup::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
+  refuse_capture("save_state");
   if (!several()) return engines_[0]->save_state(buffers, count, counters, loss_scale);
   check_usable();
   check_buffer_count(count, buffers);
@@ -381,6 +391,7 @@ void EngineGroup::save_state(const zf_tensor* buffers, size_t count, int64_t* co
 }
 
 void EngineGroup::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
+  refuse_capture("load_state");
   if (!several()) return engines_[0]->load_state(buffers, count, counters, loss_scale);
   check_buffer_count(count, buffers);
   const std::vector<std::vector<zf_tensor>> parts = gather_parts(buffers, buffers_of_);

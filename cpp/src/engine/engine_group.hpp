@@ -64,6 +64,9 @@ class EngineGroup {
   void load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale);
 
  private:
+  // Every device's refuse_capture (engine.hpp): before an entry point changes anything.
+  void refuse_capture(const char* call) const;
+
   bool several() const { return engines_.size() > 1; }
   // Device d's engine; INVALID_VALUE naming `device` when d is out of range.
   Engine& at(size_t d);

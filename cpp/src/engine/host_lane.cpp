@@ -7,8 +7,10 @@
 
 namespace zf {
 
-HostLane::HostLane(int threads)
-    : threads_(threads), queue_(std::make_unique<WorkQueue>(std::make_shared<ThreadPool>(threads))) {}
+HostLane::HostLane(int threads, std::function<void()> prepare_thread)
+    : threads_(threads),
+      prepare_thread_(std::move(prepare_thread)),
+      queue_(std::make_unique<WorkQueue>(std::make_shared<ThreadPool>(threads))) {}
 
 HostLane::~HostLane() { queue_.reset(); }
 
@@ -31,6 +33,10 @@ void HostLane::raise_injected_fault() {
 
 WorkQueue::Chunk HostLane::timed(WorkQueue::Chunk chunk, std::atomic<int64_t>* counter) {
   return [this, chunk = std::move(chunk), counter](ThreadPool& pool) {
+    if (!thread_prepared_) {
+      if (prepare_thread_) prepare_thread_();
+      thread_prepared_ = true;
+    }
     raise_injected_fault();
     const auto start = std::chrono::steady_clock::now();
     chunk(pool);

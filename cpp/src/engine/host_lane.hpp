@@ -6,9 +6,14 @@
 //
 // Completion of a job is its WorkJob flag (the host backend's "event"); an exception in a
 // job is stored there and rethrown by WorkJob::wait() on the training thread.
+//
+// The lane's thread is the engine's own: before its first chunk it runs `prepare_thread`
+// once (Backend::bind_engine_thread: the CUDA backend selects its device there). A failure
+// there fails that chunk's job, and the next chunk tries again.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,7 +25,7 @@ namespace zf {
 
 class HostLane {
  public:
-  explicit HostLane(int threads);
+  HostLane(int threads, std::function<void()> prepare_thread);
   // Drops queued jobs (their wait() throws), lets the running chunk finish, joins the thread.
   ~HostLane();
   HostLane(const HostLane&) = delete;
@@ -41,6 +46,8 @@ class HostLane {
   void raise_injected_fault();
 
   int threads_;
+  std::function<void()> prepare_thread_;
+  bool thread_prepared_ = false;  // read and written by the lane's thread only
   std::atomic<int64_t> accumulate_ns_{0};
   std::atomic<int64_t> update_ns_{0};
   std::atomic<bool> fault_armed_{false};

@@ -49,7 +49,7 @@ void Engine::set_collectives(const zf_engine_collectives* c) {
   buckets_.clear();
   set_ownership();
   setup_buckets_and_memory();
-  lane_ = std::make_unique<HostLane>(lane_threads);
+  lane_ = make_host_lane(lane_threads);
 }
 
 void Engine::set_ownership() {
