@@ -40,6 +40,17 @@ def _phase(message: str) -> None:
     print(f"zenflow: {message}", file=sys.stderr, flush=True)
 
 
+def _cuda_build_note(build_dir: Path) -> str:
+    """Why this build has no CUDA (CMakeLists.txt's ZENFLOW_CUDA_BUILD_NOTE), or ""."""
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.exists():
+        return ""
+    for line in cache.read_text().splitlines():
+        if line.startswith("ZENFLOW_CUDA_BUILD_NOTE:"):
+            return line.partition("=")[2]
+    return ""
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import pybind11
@@ -78,6 +89,9 @@ class CMakeBuild(build_ext):
         _phase("compiling libzenflow and zenflow._C with ninja (pip install -v . shows each step)")
         subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
         _phase(f"native build done in {time.monotonic() - started:.0f} s; packaging")
+        note = _cuda_build_note(build_dir)
+        if note:
+            _phase(f"built WITHOUT CUDA: {note}. CUDA tensors will be refused; see `python -m zenflow info`")
 
     # libzenflow.so sits next to _C (found through its $ORIGIN rpath). A wheel takes the whole
     # build directory; the in-place (editable) copy must be told about the library.

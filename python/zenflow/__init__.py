@@ -178,6 +178,7 @@ def info() -> dict:
         "simd_supported": n.simd_level_supported(),
         "cuda_compiled": bool(n.cuda_compiled()),
         "cuda_architectures": n.cuda_architectures(),
+        "cuda_build_note": n.cuda_build_note(),
         "gpus": gpus,
         "host_threads": n.get_num_threads(),
         "host_threads_source": host_threads(),

@@ -14,9 +14,11 @@ def _print_info() -> int:
     gpus = ", ".join(facts["gpus"]) if facts["gpus"] else "none visible"
     print(f"zenflow {facts['version']} (libzenflow {facts['library_version']})")
     simd = f"{facts['simd_level']} (CPU supports up to {facts['simd_supported']})"
-    cuda = "yes" if facts["cuda_compiled"] else "no"
     print(f"  SIMD level:      {simd}")
-    print(f"  CUDA compiled:   {cuda} (architectures: {archs})")
+    if facts["cuda_compiled"]:
+        print(f"  CUDA compiled:   yes (architectures: {archs})")
+    else:
+        print(f"  CUDA compiled:   NO: {facts['cuda_build_note']}")
     print(f"  GPUs:            {gpus}")
     print(f"  host threads:    {facts['host_threads']} of {facts['host_cpus']} CPUs")
     return 0

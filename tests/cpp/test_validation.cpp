@@ -61,6 +61,39 @@ TEST(Validation, RawOutOfRangeEnumValuesAreRejected) {
             ZF_ERROR_INVALID_TYPE);
 }
 
+// A build without CUDA refuses CUDA tensors, saying why it has no CUDA and how to get it.
+TEST(Validation, ACudaTensorInABuildWithoutCudaSaysWhyAndHowToRebuild) {
+  const std::string note = zf_cuda_build_note();
+  if (zf_cuda_compiled()) {
+    EXPECT_EQ(note, "");
+    GTEST_SKIP() << "this build has CUDA";
+  }
+  EXPECT_FALSE(note.empty());
+  float data[4] = {};
+  StatsOutputs out;
+  zf_tensor grad = tensor_2d(data, ZF_DTYPE_F32, 1, 4);
+  grad.device = zf_device{ZF_DEVICE_CUDA, 0};
+  out.col_sq_t.device = grad.device;
+  EXPECT_EQ(zf_column_stats(&grad, &out.col_sq_t, 1, &out.total_t, &out.flag_t, 0, nullptr, nullptr, nullptr),
+            ZF_ERROR_NOT_SUPPORTED);
+  std::string message = zf_last_error();
+  EXPECT_NE(message.find("grads[0]"), std::string::npos) << message;
+  EXPECT_NE(message.find(note), std::string::npos) << message;
+  EXPECT_NE(message.find("ZENFLOW_WITH_CUDA=1"), std::string::npos) << message;
+  EXPECT_EQ(out.col_sq, std::vector<float>(4, -1.0f));
+
+  const int32_t group = 0;
+  zf_engine_group groups{};
+  groups.lr = 1e-3;
+  zf_engine* engine = nullptr;
+  const zf_engine_config config = zf_engine_config_default();
+  EXPECT_EQ(zf_engine_create(&grad, &group, 1, &groups, 1, &config, &engine), ZF_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(engine, nullptr);
+  message = zf_last_error();
+  EXPECT_NE(message.find(note), std::string::npos) << message;
+  EXPECT_NE(message.find("ZENFLOW_WITH_CUDA=1"), std::string::npos) << message;
+}
+
 TEST(Validation, EmptyDescriptorsHaveTheirDeviceChecked) {
   float data[4] = {};
   StatsOutputs out;

@@ -25,6 +25,19 @@ def test_info_and_cli():
         assert needle in out
 
 
+def test_a_build_without_cuda_says_why():
+    facts = zenflow.info()
+    out = subprocess.run(
+        [sys.executable, "-m", "zenflow", "info"], check=True, capture_output=True, text=True
+    ).stdout
+    if facts["cuda_compiled"]:
+        assert facts["cuda_build_note"] == ""
+        assert "CUDA compiled:   yes" in out
+    else:
+        assert facts["cuda_build_note"]
+        assert f"CUDA compiled:   NO: {facts['cuda_build_note']}" in out
+
+
 def test_cuda_available_never_raises():
     assert isinstance(zenflow.cuda_available(), bool)
     if not zenflow.cuda_available():

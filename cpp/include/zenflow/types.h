@@ -177,6 +177,9 @@ ZF_API int zf_parallel_runtime_is_set(void);
 ZF_API int zf_cuda_compiled(void);
 /* Comma-separated CUDA architectures compiled in ("" without CUDA). */
 ZF_API const char* zf_cuda_architectures(void);
+/* Why this build has no CUDA ("nvcc was not found when it was built", ...); "" with CUDA.
+ * Static storage. Since 0.1.0 (2026-12-05). */
+ZF_API const char* zf_cuda_build_note(void);
 /* Number of usable CUDA devices; 0 without CUDA, without a driver, or on any error. */
 ZF_API int zf_cuda_device_count(void);
 /* Name of CUDA device `index` into buf (NUL-terminated, truncated to buf_size). */

@@ -27,6 +27,16 @@ ZF_API const char* zf_cuda_architectures(void) {
 #endif
 }
 
+ZF_API const char* zf_cuda_build_note(void) {
+#if defined(ZENFLOW_WITH_CUDA)
+  return "";
+#elif defined(ZENFLOW_CUDA_BUILD_NOTE)
+  return ZENFLOW_CUDA_BUILD_NOTE;
+#else
+  return "built without CUDA";
+#endif
+}
+
 ZF_API int zf_cuda_device_count(void) {
 #if defined(ZENFLOW_WITH_CUDA)
   int count = 0;

@@ -9,8 +9,8 @@ CudaOps& cuda_ops() {
 
 void check_device_compiled(const zf_device& device, const ArgName& name) {
   if (device.type != ZF_DEVICE_CUDA) return;
-  require(zf_cuda_compiled() != 0, ZF_ERROR_NOT_SUPPORTED, name,
-          ": is a CUDA tensor but libzenflow was built without CUDA");
+  require(zf_cuda_compiled() != 0, ZF_ERROR_NOT_SUPPORTED, name, ": is a CUDA tensor but ", kNoCudaBuild, " (",
+          zf_cuda_build_note(), "). ", kRebuildWithCuda);
   require(device.index >= 0, ZF_ERROR_INVALID_VALUE, name, ": invalid CUDA device index ", device.index);
 }
 

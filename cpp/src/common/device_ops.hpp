@@ -16,6 +16,13 @@ namespace zf {
 
 class Backend;  // engine/backend.hpp
 
+// The words of every error about a CUDA tensor in a build without CUDA, with
+// zf_cuda_build_note() between them: what is missing, why, and how to get it.
+constexpr const char* kNoCudaBuild = "this build of libzenflow has no CUDA";
+constexpr const char* kRebuildWithCuda =
+    "Rebuild with nvcc on PATH and ZENFLOW_WITH_CUDA=1 (pip install --no-cache-dir --force-reinstall . from the "
+    "source tree); `python -m zenflow info` shows what the installed build has";
+
 // Everything one zf_adamw_selected_columns call needs, validated.
 struct AdamwSelectedArgs {
   const zf_tensor* params;

@@ -182,8 +182,8 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
 
 std::unique_ptr<Backend> make_cuda_backend(int device, int host_threads) {
   Backend* (*factory)(int, int) = cuda_ops().make_engine_backend;
-  require(factory != nullptr, ZF_ERROR_NOT_SUPPORTED,
-          "params: CUDA tensors need the engine's CUDA backend, which this build of zenflow does not have");
+  require(factory != nullptr, ZF_ERROR_NOT_SUPPORTED, "params: CUDA tensors need the engine's CUDA backend, but ",
+          kNoCudaBuild, " (", zf_cuda_build_note(), "). ", kRebuildWithCuda);
   return std::unique_ptr<Backend>(factory(device, host_threads));
 }
 

@@ -101,6 +101,7 @@ static void register_runtime(py::module_& m) {
   m.def("parallel_runtime_is_set", [] { return zf_parallel_runtime_is_set() != 0; });
   m.def("cuda_compiled", [] { return zf_cuda_compiled() != 0; });
   m.def("cuda_architectures", [] { return std::string(zf_cuda_architectures()); });
+  m.def("cuda_build_note", [] { return std::string(zf_cuda_build_note()); });
   m.def("cuda_device_count", [] { return zf_cuda_device_count(); });
   m.def(
       "cuda_device_name",
