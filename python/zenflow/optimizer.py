@@ -604,6 +604,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return loss
 
     def _step(self, split: dict | None) -> None:
+        if self._engine is not None:
+            # The engine refuses a capturing stream (a CUDA graph) with the reason: let it say
+            # so before anything below synchronises (GradScaler's found_inf.item()).
+            self._engine_on_stream()
         using_scaler, grad_scale, found_inf = self._amp_scaler()
         if using_scaler:
             if self._loss_scaling == "dynamic":

@@ -8,6 +8,29 @@ import torch
 from zenflow import ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+# Column sums of squares (zenflow/norms.h): the host twin is within 5e-7 of the exact sum
+# (fp32 blocks of 8 rows, fp64 across blocks); the GPU sums in fp64 and rounds once, so it
+# is within half an fp32 ulp (2^-24) of the exact sum. Device against host may therefore
+# differ by the sum of the two, a few ulps; device against float64 by one rounding.
+COLUMN_SUM_RTOL_HOST = 5e-7
+COLUMN_SUM_RTOL_DEVICE = 2**-24
+COLUMN_SUM_RTOL_DEVICE_VS_HOST = COLUMN_SUM_RTOL_HOST + COLUMN_SUM_RTOL_DEVICE
+
+
+def assert_column_stats_match(dev, host, grads) -> None:
+    """A device ops.column_stats result against the host twin's and against float64."""
+    torch.cuda.synchronize()
+    for g, h, d in zip(grads, host.col_sq, dev.col_sq):
+        exact = g.cpu().double().square().sum(0)
+        torch.testing.assert_close(d.cpu().double(), exact, rtol=COLUMN_SUM_RTOL_DEVICE, atol=0)
+        torch.testing.assert_close(h.double(), exact, rtol=COLUMN_SUM_RTOL_HOST, atol=0)
+        torch.testing.assert_close(d.cpu(), h, rtol=COLUMN_SUM_RTOL_DEVICE_VS_HOST, atol=0)
+    # The totals are sums of the column sums (positive terms): the same relative bounds.
+    torch.testing.assert_close(
+        dev.total_sq.cpu(), host.total_sq, rtol=COLUMN_SUM_RTOL_DEVICE_VS_HOST + 2**-24, atol=0
+    )
+    assert int(dev.nonfinite) == int(host.nonfinite)
 # (rows, cols, k): primes, 1xN, Nx1, k = 0, k = n, empty.
 SHAPES = [
     (1, 1, 1),

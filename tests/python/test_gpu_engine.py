@@ -8,10 +8,14 @@ fp32 and fp16 (dynamic loss scaling with an overflow step), top-k 0.1 with re-se
 clipping, overlap on and off, the auto interval and window scores (the statistics read back
 from the device), the split begin_step/submit/end_step form, a side stream, checkpoints
 across the backends, ZenFlowAdamW with and without overlap_backward, a non-finite gradient
-without loss scaling (raised by the next call, sticky until a load), placement on a second
-GPU, an injected CUDA error (a subprocess: the CUDA context dies) and short runs under
-compute-sanitizer memcheck and racecheck, and (with two GPUs) one engine over parameters
-on both.
+without loss scaling (found after its step, at the latest when the ring of scalar records is
+full, sticky until a load), placement on a second GPU, an injected CUDA error (a subprocess:
+the CUDA context dies) and short runs under compute-sanitizer memcheck and racecheck, and
+(with two GPUs) one engine over parameters on both. The review findings of 2026-12-05: steps
+without synchronisation (no "not ready" launch failure), a capturing stream refused with the
+reason, a global capture on the training thread while the host lane waits, no context on
+GPU 0 from an engine on GPU 1 (two GPUs), a library call leaving a fresh thread without a
+context, and DLPack producers handed the engine's stream.
 """
 
 from __future__ import annotations
@@ -402,31 +406,41 @@ def test_zenflow_adamw_checkpoint_across_cpu_and_cuda():
                 assert torch.equal(x, y), f"param {i} differs after step {t + 6}"
 
 
-# ---- a non-finite gradient without loss scaling: raised by the next call, sticky ----
+# ---- a non-finite gradient without loss scaling: found after its step, sticky ----
+# The contract (engine.h, docs/design.md section 8): the step writes nothing; the first
+# call that finds its scalars copied raises, the next call once the device has finished the
+# step, at the latest the 8th step call after it, or any flush; steps between run as usual;
+# the error is sticky until a load.
+
+SCALAR_RECORDS = 8  # the engine's ring of step-scalar records (engine.hpp kScalarRecords)
 
 
-def test_nan_gradient_without_loss_scaling_is_raised_and_sticky_until_a_load():
+def _nan_grads(t, dtype):
+    bad = [g.to(DEV) for g in make_grads(t, dtype)]
+    bad[4].view(-1)[11] = float("nan")
+    return bad
+
+
+def test_nan_gradient_without_loss_scaling_writes_nothing_and_the_next_call_raises_once_it_is_done():
     dtype = torch.bfloat16
     params = [p.to(DEV) for p in make_params(dtype)]
     engine = cuda_engine(params, BASE)
     for t in range(3):
         engine.step([g.to(DEV) for g in make_grads(t, dtype)], lrs_at(t))
     state = copy.deepcopy(engine.state_dict())
+    torch.cuda.synchronize()
     before = [p.cpu() for p in params]
-    bad = [g.to(DEV) for g in make_grads(3, dtype)]
-    bad[4].view(-1)[11] = float("nan")
-    raised = []
-    try:
-        engine.step(bad, lrs_at(3))  # the host backend raises here; CUDA may at the next call
-    except (ValueError, RuntimeError) as error:
-        raised.append(error)
+    engine.step(_nan_grads(3, dtype), lrs_at(3))  # returns: the device has not looked yet
+    torch.cuda.synchronize()
+    assert_same_weights(params, before, "the NaN step wrote")
     good = [g.to(DEV) for g in make_grads(4, dtype)]
-    for _ in range(2):  # sticky: every call raises until a load
-        with pytest.raises((ValueError, RuntimeError)) as info:
+    for _ in range(2):  # found by the next call (the step is done), then sticky
+        with pytest.raises(ValueError, match="non-finite gradient"):
             engine.step(good, lrs_at(4))
-        raised.append(info.value)
-    assert all(str(error) for error in raised)
-    assert_same_weights(params, before, "a NaN step wrote")
+    with pytest.raises(ValueError, match="non-finite gradient"):
+        engine.flush()
+    torch.cuda.synchronize()
+    assert_same_weights(params, before, "a refused call wrote")
     engine.load_state_dict(state)
     host_params = [p.clone() for p in before]
     host = _C.Engine(host_params, copy.deepcopy(GROUPS), dict(BASE))
@@ -436,6 +450,205 @@ def test_nan_gradient_without_loss_scaling_is_raised_and_sticky_until_a_load():
         engine.step([g.to(DEV) for g in grads], lrs_at(t))
         host.step(grads, lrs_at(t))
         assert_same_weights(params, host_params, f"after the load, step {t + 1}")
+
+
+def test_nan_gradient_without_loss_scaling_is_raised_within_the_ring_even_when_the_device_lags():
+    """No synchronisation: the device is kept busy behind a sleep, so the NaN step's
+    scalars are not copied when the next calls come; the error must still come, at the
+    latest when the ring of records is full."""
+    dtype = torch.bfloat16
+    params = [p.to(DEV) for p in make_params(dtype)]
+    engine = cuda_engine(params, BASE)
+    engine.step([g.to(DEV) for g in make_grads(0, dtype)], lrs_at(0))
+    torch.cuda._sleep(200_000_000)  # ~0.1 s or more of device time before the NaN step
+    engine.step(_nan_grads(1, dtype), lrs_at(1))
+    calls = 0
+    with pytest.raises(ValueError, match="non-finite gradient"):
+        for t in range(2, 2 + SCALAR_RECORDS + 1):
+            calls += 1
+            engine.step([g.to(DEV) for g in make_grads(t, dtype)], lrs_at(t))
+    assert 1 <= calls <= SCALAR_RECORDS
+    with pytest.raises(ValueError, match="non-finite gradient"):
+        engine.step([g.to(DEV) for g in make_grads(20, dtype)], lrs_at(20))
+    engine.close()
+
+
+# ---- the review findings of 2026-12-05 (issue 24) ----
+
+
+def test_steps_without_synchronisation_never_fail_on_a_not_ready_query():
+    """The previous step's scalar copy is usually not done when the next step starts: the
+    engine's query must not leave "not ready" behind for the next launch check."""
+    dtype = torch.bfloat16
+    params = [p.to(DEV) for p in make_params(dtype)]
+    engine = cuda_engine(params, BASE)
+    grads = [[g.to(DEV) for g in make_grads(t, dtype)] for t in range(6)]
+    for t in range(60):
+        if t % 7 == 0:
+            torch.cuda._sleep(20_000_000)  # keep the device behind the host now and then
+        engine.step(grads[t % 6], lrs_at(t))
+    engine.flush()
+    engine.close()
+
+
+def test_a_capturing_stream_is_refused_with_the_reason():
+    dtype = torch.bfloat16
+    params = [p.to(DEV) for p in make_params(dtype)]
+    engine = cuda_engine(params, BASE)
+    grads = [g.to(DEV) for g in make_grads(0, dtype)]
+    engine.step(grads, lrs_at(0))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(BaseException) as info:  # noqa: B017 (torch may raise at capture_end too)
+        with torch.cuda.graph(graph, stream=side):
+            engine.set_stream(torch.cuda.current_stream().cuda_stream)
+    chain, error = [], info.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__context__ or error.__cause__
+    assert any("capturing a CUDA graph" in text for text in chain), chain
+    # ZenFlowAdamW: opt.step() inside a capture says so too, and nothing changed.
+    model = torch.nn.Linear(64, 32).to(DEV)
+    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, topk_ratio=0.1)
+    model(torch.randn(8, 64, device=DEV)).sum().backward()
+    opt.step()
+    torch.cuda.synchronize()
+    weights = model.weight.detach().clone()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(BaseException) as info:  # noqa: B017
+        with torch.cuda.graph(graph, stream=side):
+            opt.step()
+    chain, error = [], info.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__context__ or error.__cause__
+    assert any("capturing a CUDA graph" in text for text in chain), chain
+    torch.cuda.synchronize()
+    assert torch.equal(model.weight.detach(), weights)
+    engine.step(grads, lrs_at(1))  # the engines still work
+    opt.step()
+    opt.close()
+    engine.close()
+
+
+def test_the_host_lane_does_not_disturb_a_global_capture_on_the_training_thread():
+    """The host lane waits for its copies (cudaEventSynchronize) while the caller captures
+    its forward pass in global mode: the lane's thread-local capture mode keeps the capture
+    valid, and the replay gives the eager result."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(DEV)
+    opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-3, topk_ratio=0.1, update_interval=1)
+    static_in = torch.randn(64, 1024, device=DEV)
+    capture_model = torch.nn.Linear(256, 256).to(DEV)
+    capture_in = torch.randn(32, 256, device=DEV)
+    capture_model(capture_in)  # warm-up outside the capture (cuBLAS's handle and workspace)
+    for _ in range(6):
+        model(static_in).square().mean().backward()
+        opt.step()  # a window closes each step: the host lane has work in flight
+        opt.zero_grad()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="global"):
+            out = capture_model(capture_in)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, capture_model(capture_in))
+    opt.close()
+
+
+def _subprocess(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_an_engine_on_gpu_one_creates_no_context_on_gpu_zero():
+    """Every rank of an 8-GPU node would otherwise hold ~0.5 GB on GPU 0: the host lane's
+    waits and the device scopes' restores must not create a context there."""
+    result = _subprocess(
+        """
+        import ctypes, torch, zenflow
+        cuda = ctypes.CDLL("libcuda.so.1")
+        def active(ordinal):
+            device, flags, state = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+            assert cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+            assert cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(state)) == 0
+            return bool(state.value)
+        torch.cuda.set_device(1)
+        model = torch.nn.Linear(512, 512).to("cuda:1")
+        opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-3, topk_ratio=0.1, update_interval=2)
+        for _ in range(8):
+            model(torch.randn(16, 512, device="cuda:1")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        opt.flush()
+        torch.cuda.synchronize(1)
+        print("GPU0_CONTEXT", active(0), "GPU1_CONTEXT", active(1))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "GPU0_CONTEXT False GPU1_CONTEXT True" in result.stdout, result.stdout
+
+
+def test_a_library_call_on_a_fresh_thread_leaves_it_without_a_context():
+    """A thread with no CUDA context calls an op: afterwards the thread has none again (the
+    scope puts back exactly what it found)."""
+    result = _subprocess(
+        """
+        import ctypes, threading, torch
+        from zenflow import ops
+        cuda = ctypes.CDLL("libcuda.so.1")
+        grads = [torch.randn(64, 48, device="cuda")]
+        torch.cuda.synchronize()
+        seen = {}
+        def worker():
+            ctx = ctypes.c_void_p()
+            cuda.cuCtxGetCurrent(ctypes.byref(ctx)); seen["before"] = ctx.value
+            stats = ops.column_stats(grads)
+            torch.cuda.synchronize()
+            cuda.cuCtxGetCurrent(ctypes.byref(ctx)); seen["after"] = ctx.value
+        t = threading.Thread(target=worker); t.start(); t.join()
+        print("BEFORE", seen["before"], "AFTER", seen["after"])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "BEFORE None AFTER None" in result.stdout, result.stdout
+
+
+def test_dlpack_producers_are_handed_the_engine_stream():
+    """A non-torch producer (here a wrapper that records what it is asked) gets the engine's
+    compute stream, not the legacy default stream, so its pending work is ordered first."""
+    dtype = torch.float32
+    params = [p.to(DEV) for p in make_params(dtype)]
+    engine = cuda_engine(params, BASE)
+    side = torch.cuda.Stream()
+    engine.set_stream(side.cuda_stream)
+    asked = []
+
+    class Producer:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def __dlpack_device__(self):
+            return self.tensor.__dlpack_device__()
+
+        def __dlpack__(self, **kwargs):
+            asked.append(kwargs.get("stream"))
+            kwargs.pop("max_version", None)
+            return self.tensor.__dlpack__(**kwargs)
+
+    grads = [Producer(g.to(DEV)) for g in make_grads(0, dtype)]
+    engine.step(grads, lrs_at(0))
+    torch.cuda.synchronize()
+    assert asked and all(stream == side.cuda_stream for stream in asked), asked
+    engine.close()
 
 
 # ---- (c) placement on a second GPU ----

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from column_ops_reference import packed_reference, random_selection
+from column_ops_reference import assert_column_stats_match, packed_reference, random_selection
 
 from zenflow import _arrays, ops
 
@@ -33,16 +33,6 @@ def _random_shapes(count, gen, max_rows=40, max_cols=70):
     return list(zip(rows, cols))
 
 
-def _assert_stats_equal_host(dev, host, grads):
-    torch.cuda.synchronize()
-    for g, h, d in zip(grads, host.col_sq, dev.col_sq):
-        exact = g.cpu().double().square().sum(0)
-        torch.testing.assert_close(d.cpu().double(), exact, rtol=2**-23, atol=0)
-        torch.testing.assert_close(d.cpu(), h, rtol=2**-23, atol=0)
-    torch.testing.assert_close(dev.total_sq.cpu(), host.total_sq, rtol=2**-22, atol=0)
-    assert int(dev.nonfinite) == int(host.nonfinite)
-
-
 # ---- more matrices than one launch holds ------------------------------------------------------
 
 
@@ -53,7 +43,7 @@ def test_column_stats_over_several_launches():
     grads = [torch.randn(r, c, generator=gen).to(torch.bfloat16) for r, c in shapes]
     host = ops.column_stats(grads)
     dev = ops.column_stats([g.to(DEV) for g in grads])
-    _assert_stats_equal_host(dev, host, grads)
+    assert_column_stats_match(dev, host, grads)
 
 
 def test_select_topk_over_several_launches():
@@ -210,7 +200,7 @@ def test_unaligned_base_takes_the_scalar_paths(dtype):
 
     host = ops.column_stats([values])
     dev = ops.column_stats([grad])
-    _assert_stats_equal_host(dev, host, [values])
+    assert_column_stats_match(dev, host, [values])
 
     sel = random_selection(cols, cols // 10, gen)
     host_packed = ops.pack_columns([values], [sel])
@@ -294,7 +284,7 @@ def test_explicit_side_stream_keeps_the_workspace_until_the_kernels_end(monkeypa
     for (ptr, _), clobber in zip(workspaces, clobbers):
         assert clobber.data_ptr() != ptr, "the side stream's workspace went to the current stream"
     torch.cuda.current_stream().wait_stream(side)
-    _assert_stats_equal_host(dev, host, grads)
+    assert_column_stats_match(dev, host, grads)
 
     # The other ops on the side stream give the host's results too.
     ks = [c // 10 for _, c in shapes]
@@ -339,7 +329,7 @@ def test_graph_capture_of_stats_topk_and_pack_follows_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         host = ops.column_stats(values)
-        _assert_stats_equal_host(stats, host, values)
+        assert_column_stats_match(stats, host, values)
         # From the device's scores: they may differ from the host's in the last bit.
         host_sels = ops.select_topk_columns([c.cpu() for c in stats.col_sq], ks)
         for h, d in zip(host_sels, sels):

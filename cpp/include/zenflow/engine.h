@@ -19,8 +19,17 @@
  *    slot the host has not consumed (back-pressure), flush / selection / save / load, and,
  *    with dynamic loss scaling, update_interval "auto" or selection_score "window", the
  *    step's statistics (stats().stall_seconds_readback). Without loss scaling, a non-finite
- *    gradient is found after its step: the step wrote nothing, and the next call fails
- *    with a sticky error. A failed CUDA call is a sticky error with the CUDA error text.
+ *    gradient is found after its step, when its scalars reach the host: the step wrote
+ *    nothing, and the first call that finds its scalars copied fails with a sticky error.
+ *    That is the next call when the device has finished the step by then, and at the
+ *    latest the 8th step call after it (the ring of scalar records is then full and the
+ *    call waits), or any flush, selection, save or load (they wait). Steps in between run
+ *    as usual. A failed CUDA call is a sticky error with the CUDA error text. Calls on a
+ *    stream that is capturing a CUDA graph fail with ZF_ERROR_NOT_SUPPORTED and change
+ *    nothing (capture the forward and backward passes, not the step). The host lane's
+ *    thread selects the engine's device once and uses the thread-local capture mode, so its
+ *    waits never disturb a graph captured on another thread; no call creates a CUDA
+ *    context on a device other than the engine's.
  *    Results are bitwise those of the host backend for the same inputs.
  *
  * Parameters. Each parameter is a contiguous tensor (f32, bf16 or f16) updated in place;

@@ -348,8 +348,17 @@ class PyEngine {
     const int64_t value = integer(handle, "stream");
     if (value < 0)
       throw py::value_error("stream: expected a cudaStream_t handle (an integer >= 0), got " + std::to_string(value));
-    check(zf_engine_set_stream_at(engine, device_index(index),
-                                  reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+    const size_t d = device_index(index);
+    check(zf_engine_set_stream_at(engine, d, reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
+    // The gradients of later calls come from DLPack producers on this stream too.
+    zf_device device{};
+    size_t bytes = 0;
+    check(zf_engine_device_at(engine, d, &device, &bytes));
+    if (device.type == ZF_DEVICE_CUDA) {
+      const size_t ordinal = static_cast<size_t>(device.index);
+      if (streams_.by_device.size() <= ordinal) streams_.by_device.resize(ordinal + 1, -1);
+      streams_.by_device[ordinal] = static_cast<intptr_t>(value);
+    }
   }
 
   size_t device_count() const {
@@ -471,7 +480,7 @@ class PyEngine {
 
   void step(const py::object& grads, const py::object& lrs) {
     zf_engine* engine = live();
-    Converter conv;
+    Converter conv(streams_);
     const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
     const std::vector<double> rates = learning_rates(lrs);
     call([&] {
@@ -492,7 +501,7 @@ class PyEngine {
   void submit(int64_t first, const py::object& grads) {
     zf_engine* engine = live();
     if (first < 0) throw py::value_error("first: must be >= 0, got " + std::to_string(first));
-    Converter conv;
+    Converter conv(streams_);
     const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
     call([&] { return zf_engine_submit(engine, static_cast<size_t>(first), tensors.data(), tensors.size()); });
     submitted_.append(grads);
@@ -708,6 +717,7 @@ class PyEngine {
 
   zf_engine* engine_ = nullptr;
   py::list params_;                             // keeps the parameters alive at the addresses the engine holds
+  ConsumerStreams streams_;                     // the compute streams set_stream gave, per CUDA device
   py::list memory_;                             // the attached device memory, released after destroy
   std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
   py::list submitted_;

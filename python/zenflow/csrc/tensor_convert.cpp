@@ -252,17 +252,20 @@ zf_tensor from_dltensor(const DLTensor& dl, const ArgName& name) {
 // Capsules are left unconsumed: their own destructor calls the producer's deleter.
 // Producers refuse some arrays with BufferError (big-endian numpy, ...): that becomes a
 // TypeError naming the argument.
-zf_tensor from_dlpack(const py::handle& obj, const ArgName& name, Access access, intptr_t stream,
+zf_tensor from_dlpack(const py::handle& obj, const ArgName& name, Access access, const ConsumerStreams& streams,
                       py::object& keep_alive) {
   try {
     bool on_cuda = false;
+    int device_id = -1;
     if (py::hasattr(obj, "__dlpack_device__")) {
       const py::tuple device = obj.attr("__dlpack_device__")();
       const int device_type = device[0].cast<int>();
       on_cuda = device_type == kDLCUDA || device_type == kDLCUDAManaged;
+      device_id = device[1].cast<int>();
     }
     py::object capsule;
     py::dict kwargs;
+    const intptr_t stream = streams.of(device_id);
     if (on_cuda) kwargs["stream"] = stream == 0 ? py::int_(1) : py::int_(stream);  // 1: legacy default stream
     try {
       py::dict versioned = kwargs;
@@ -335,14 +338,14 @@ zf_tensor from_array_interface(const py::handle& obj, const ArgName& name, Acces
 
 // Any array kind; `written` is set when obj is a torch tensor (its version must be bumped
 // after a write), `keep_alive` when something must outlive the call.
-zf_tensor convert(py::handle obj, const ArgName& name, Access access, intptr_t stream, bool& is_torch,
-                  py::object& keep_alive) {
+zf_tensor convert(py::handle obj, const ArgName& name, Access access, const ConsumerStreams& streams,
+                  bool& is_torch, py::object& keep_alive) {
   TorchObjects& torch = torch_objects();
   torch.load();
   is_torch = torch.is_tensor(obj.ptr());
   if (is_torch) return from_torch(obj.ptr(), name);
   if (obj.is_none()) type_error(name.str() + ": expected an array, got None");
-  if (py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, name, access, stream, keep_alive);
+  if (py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, name, access, streams, keep_alive);
   if (py::hasattr(obj, "__array_interface__")) {
     keep_alive = py::reinterpret_borrow<py::object>(obj);
     return from_array_interface(obj, name, access);
@@ -369,7 +372,7 @@ std::string ArgName::str() const {
 zf_tensor Converter::tensor(py::handle obj, const ArgName& name, Access access) {
   bool is_torch = false;
   py::object keep;
-  const zf_tensor t = convert(obj, name, access, stream_, is_torch, keep);
+  const zf_tensor t = convert(obj, name, access, streams_, is_torch, keep);
   if (keep) keep_.push_back(std::move(keep));
   if (is_torch && access == Access::kWrite) written_.push_back(obj.ptr());
   return t;
@@ -461,7 +464,9 @@ TensorArg to_tensor(const py::handle& obj, const std::string& name, Access acces
   arg_name.owned = &name;
   TensorArg arg;
   bool is_torch = false;
-  arg.tensor = convert(obj, arg_name, access, stream, is_torch, arg.keep_alive);
+  ConsumerStreams streams;
+  streams.stream = stream;
+  arg.tensor = convert(obj, arg_name, access, streams, is_torch, arg.keep_alive);
   if (is_torch) {
     arg.keep_alive = py::reinterpret_borrow<py::object>(obj);
     arg.is_torch_write = access == Access::kWrite;

@@ -53,13 +53,27 @@ inline void check(zf_status status) {
   if (status != ZF_SUCCESS) throw_status(status);
 }
 
+// The CUDA stream a call consumes its arrays on, handed to a DLPack producer (cupy, ...) so
+// that it orders its pending work before ours: one stream for every device, or, for an
+// engine over several devices, one per CUDA device ordinal (where set).
+struct ConsumerStreams {
+  intptr_t stream = 0;              // a cudaStream_t; 0: the legacy default stream
+  std::vector<intptr_t> by_device;  // by CUDA ordinal; -1: not set (then `stream`)
+  intptr_t of(int device) const {
+    if (device >= 0 && static_cast<size_t>(device) < by_device.size() && by_device[device] >= 0)
+      return by_device[device];
+    return stream;
+  }
+};
+
 // The fast path: one Converter per call converts every argument once, keeps what must stay
 // alive, and remembers the torch tensors it will write, so that their autograd version
 // counters are bumped (bump_versions) once the C call has succeeded, as torch's own in-place
 // ops do.
 class Converter {
  public:
-  explicit Converter(intptr_t stream = 0) : stream_(stream) {}
+  explicit Converter(intptr_t stream = 0) { streams_.stream = stream; }
+  explicit Converter(ConsumerStreams streams) : streams_(std::move(streams)) {}
 
   zf_tensor tensor(py::handle obj, const ArgName& name, Access access);
   // A list or tuple of arrays; anything else (None included) is a TypeError naming it.
@@ -85,7 +99,7 @@ class Converter {
   void bump_versions();
 
  private:
-  intptr_t stream_;
+  ConsumerStreams streams_;
   std::vector<py::object> keep_;    // DLPack capsules / array-interface sources
   std::vector<PyObject*> written_;  // torch tensors written (borrowed: the caller holds them)
 };
