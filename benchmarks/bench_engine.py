@@ -9,8 +9,9 @@ on the same gradients:
   * zenflow, synchronous: the same with overlap_step False;
   * plain synchronous offload: topk_ratio 0, update_interval 1, overlap_step False.
 
-Reported per configuration (medians of step times; per-step means of the engine's counters
-over whole windows): step time, the engine call's own time, stall seconds per step by cause
+Reported per configuration (per-step means of the engine's counters over whole windows):
+step time, the mean over the whole timed run (total / steps, the window-close stalls
+included; the headline) with the median beside it, the engine call's own time (median), stall seconds per step by cause
 (window close, back-pressure, flush: from engine.stats()), host update and accumulate
 seconds, bytes down and up per step beside the PCIe formula of docs/design.md section 5
 (bf16: down (1 - r) * 2 bytes per parameter per step, up (1 - r) * 2 / S) with the relative
@@ -86,6 +87,7 @@ def run_config(Engine, name, config, shapes, grad_sets, device_s, warm_steps, ti
         engine.step(grad_sets[t % len(grad_sets)])
     before = engine.stats()
     step_times, call_times = [], []
+    run_started = time.perf_counter()
     for t in range(timed_steps):
         grads = grad_sets[(warm_steps + t) % len(grad_sets)]
         start = time.perf_counter()
@@ -95,10 +97,12 @@ def run_config(Engine, name, config, shapes, grad_sets, device_s, warm_steps, ti
         end = time.perf_counter()
         step_times.append(end - start)
         call_times.append(end - call)
+    run_seconds = time.perf_counter() - run_started
     after = engine.stats()
     engine.flush()
     engine.close()
     delta = {key: (after[key] - before[key]) / timed_steps for key in DELTA_KEYS}
+    delta["step_mean"] = run_seconds / timed_steps
     windows = after["windows"] - before["windows"]
     delta["host_update_per_window"] = (
         (after["host_update_seconds"] - before["host_update_seconds"]) / windows if windows else 0.0
@@ -111,7 +115,11 @@ def run_config(Engine, name, config, shapes, grad_sets, device_s, warm_steps, ti
     n_params = sum(r * c for r, c in shapes)
     delta["down_formula"] = (1 - ratio) * 2 * n_params
     delta["up_formula"] = (1 - ratio) * 2 / interval * n_params
-    print(f"  {name}: step {delta['step_median'] * 1e3:.1f} ms", file=sys.stderr)
+    print(
+        f"  {name}: step {delta['step_mean'] * 1e3:.1f} ms (mean; median "
+        f"{delta['step_median'] * 1e3:.1f})",
+        file=sys.stderr,
+    )
     return delta
 
 
@@ -166,13 +174,14 @@ def report(results, shapes, device_s, book, args, zenflow):
         f"{n_params / 1e6:.1f}M parameters; bf16 gradients",
         f"- fake device time per step: {device_s * 1e3:.1f} ms; {args.steps} timed steps after "
         f"{args.warm_steps} untimed; pt_reserved_cores_perc {args.reserved}",
-        "- step = fake device time + engine.step() call (median); stall and seconds are "
-        "per-step means of engine.stats() over the timed steps",
+        "- step = fake device time + engine.step() call: the mean over the whole timed run "
+        "(total / steps), median beside it; call = the engine.step() call (median); stall and "
+        "seconds are per-step means of engine.stats() over the timed steps",
         "",
-        "| configuration | step ms | call ms | stall ms/step (close / back-pressure / flush)"
+        "| configuration | step ms (mean) | step ms (median) | call ms | stall ms/step (close / back-pressure / flush)"
         " | stall reduction vs plain | host update ms/step | accumulate ms/step "
         "| down B/param/step (formula, err) | up B/param/step (formula, err) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         stalls = " / ".join(f"{r[key] * 1e3:.2f}" for key in STALL_KEYS)
@@ -184,7 +193,8 @@ def report(results, shapes, device_s, book, args, zenflow):
         down, up = r["bytes_down"] / n_params, r["bytes_up"] / n_params
         down_f, up_f = r["down_formula"] / n_params, r["up_formula"] / n_params
         lines.append(
-            f"| {name} | {r['step_median'] * 1e3:.1f} | {r['call_median'] * 1e3:.1f} "
+            f"| {name} | {r['step_mean'] * 1e3:.1f} | {r['step_median'] * 1e3:.1f} "
+            f"| {r['call_median'] * 1e3:.1f} "
             f"| {r['stall'] * 1e3:.2f} ({stalls}) | {reduction} "
             f"| {r['host_update_seconds'] * 1e3:.1f} | {r['accumulate_seconds'] * 1e3:.1f} "
             f"| {down:.4f} ({down_f:.4f}, {100 * relative_error(down, down_f):.2f}%) "
