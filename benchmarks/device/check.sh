@@ -1,169 +1,283 @@
 #!/usr/bin/env bash
-# The GPU check of zenflow (benchmarks/device/README.md): builds from source on the GPU
-# machine, runs the GPU pytest tests (kernels and the engine's CUDA backend), then the
-# engine part: a short engine run under compute-sanitizer memcheck and racecheck, the
-# end-to-end engine benchmark (bench_engine_gpu.py, ~1B bf16 parameters) and the demo on the
-# GPU; then the kernel part: the C++ tests, the CPU kernel tests again with
-# ZENFLOW_SIMD=avx512, the kernel GPU tests under compute-sanitizer memcheck (small sizes),
-# the stats/top-k/pack/exchange GPU tests under racecheck, synccheck and initcheck (small
-# sizes, a few tests each), then the kernel benchmark at the 7B shapes (bf16, k = 10%) and at
-# lm_head + fp16 + k = 1%. Offline; hard cap 8 minutes (ZENFLOW_CHECK_BUDGET_S): a step that
-# would start past the budget is reported as skipped, so the parts run in priority order.
+# The GPU check of zenflow (benchmarks/device/README.md): one command, at most 8 minutes,
+# on the lent GPU machine (offline; python3, torch with CUDA, pybind11, cmake, ninja;
+# optional: cupy, compute-sanitizer). Steps in priority order, so that a short lease still
+# yields the numbers that matter most:
 #
-#   bash benchmarks/device/check.sh          # results and log under $OUT (or benchmarks/results)
-#   ZENFLOW_CHECK_PARTS=engine bash benchmarks/device/check.sh   # build + the engine part only
-#   ZENFLOW_CHECK_PARTS=kernels bash benchmarks/device/check.sh  # build + the kernel part only
+#   1 build               libzenflow + zenflow._C with CUDA (sm_90), placed in python/zenflow
+#   2 kernel benchmark    bench_gpu.py: 7B shapes bf16 k=10%, then lm_head fp16 k=1%
+#   3 GPU tests           pytest -m gpu (-v -rfE, a per-test timeout, unbuffered)
+#   4 engine benchmark    bench_engine_gpu.py (~1B bf16 parameters)
+#   5 sanitizers          compute-sanitizer: the engine's short runs (memcheck, racecheck),
+#                         the kernel tests (memcheck), the hazard tests (racecheck, synccheck,
+#                         initcheck); no -x, print limits
+#   6 demo                python -m zenflow demo --device cuda (tiny model, 30 steps)
 #
-# Exit status: 0 when every step passed, 1 otherwise (the log names the failing steps).
+# Each step has its own limit and an estimate of its time on an H200 with 16 cores (from
+# the counts: ~45 C++/CUDA translation units, 107 GPU tests, ...); a step that would start
+# past the budget (ZENFLOW_CHECK_BUDGET_S, 470 s) is reported as skipped, and a started step
+# gets at most the time left.
+#
+# Outputs under $OUT (the device tool's folder; default benchmarks/results), at most 7 files:
+#   <date>-device-check.md       every step: status, seconds, limit; failing tests by name
+#   <date>-device-check.log      every step's output
+#   <date>-gpu-kernels.md        the two kernel benchmark tables
+#   <date>-engine-gpu.json/.md   the engine benchmark (every number / its table)
+#   <date>-demo-cuda.md          the demo's table
+#
+#   bash benchmarks/device/check.sh
+#   ZENFLOW_CHECK_DRY_RUN=1 bash benchmarks/device/check.sh   # no build, no GPU work: the plan,
+#       every file and test selection checked (pytest --collect-only), the budget simulated
+#       with the estimates; run in CI with a fake nvidia-smi (tests/python/test_device_check.py)
+#
+# Exit status: 0 when every step passed; 1 when a step failed or was skipped; 2 when there
+# is no GPU (nvidia-smi lists none) or the arguments are wrong.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PARTS=${ZENFLOW_CHECK_PARTS:-all}                    # all | engine | kernels
-case $PARTS in all | engine | kernels) ;; *)
-  echo "ZENFLOW_CHECK_PARTS: expected all, engine or kernels, got '$PARTS'" >&2
-  exit 2
-  ;;
-esac
-part() { [[ $PARTS == all || $PARTS == "$1" ]]; }
 OUT=${OUT:-$ROOT/benchmarks/results}
 mkdir -p "$OUT"
 STAMP=$(date +%Y-%m-%d)
 LOG=$OUT/$STAMP-device-check.log
-: >"$LOG"
+SUMMARY=$OUT/$STAMP-device-check.md
 BUILD=${ZENFLOW_DEVICE_BUILD:-$ROOT/build-device}
-PYTHON=${PYTHON:-python}
-export ZENFLOW_CUDA_ARCHS=${ZENFLOW_CUDA_ARCHS:-90}  # one architecture: half the compile time
-BUDGET=${ZENFLOW_CHECK_BUDGET_S:-470}                # whole script, seconds
+PYTHON=${PYTHON:-python3}
+DRY=${ZENFLOW_CHECK_DRY_RUN:-0}
+BUDGET=${ZENFLOW_CHECK_BUDGET_S:-470}
+TEST_TIMEOUT=${ZENFLOW_TEST_TIMEOUT_S:-60}
+export ZENFLOW_CUDA_ARCHS=${ZENFLOW_CUDA_ARCHS:-90} # one architecture: half the compile time
+export PYTHONUNBUFFERED=1
+SELF=(bash "$ROOT/benchmarks/device/check.sh" --run-step)
+
+# ---- the steps' bodies (each runs in its own process: `check.sh --run-step NAME`, so that
+# its limit can end it and everything it started) ----
+
+build() { # the library and the Python module only (CI builds and runs the C++ tests)
+  local pybind11_dir
+  pybind11_dir=$("$PYTHON" -m pybind11 --cmakedir) || return 1
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=ON \
+    -DZENFLOW_BUILD_PYTHON=ON -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF \
+    -Dpybind11_DIR="$pybind11_dir" -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/zenflow" || return 1
+  cmake --build "$BUILD" -j "$(nproc)" --target _C || return 1
+  "$PYTHON" -m zenflow info
+}
+
+kernels() { # the two kernel benchmark tables, in one file
+  local table=$OUT/$STAMP-gpu-kernels.md part
+  part=$(mktemp)
+  "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --reps 5 --out "$part" || return 1
+  cat "$part" >"$table"
+  echo >>"$table"
+  "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --layers 2 --lm-head --dtype float16 --ratio 0.01 \
+    --reps 5 --out "$part" || return 1
+  cat "$part" >>"$table"
+  rm -f "$part"
+  cat "$table"
+}
+
+engine() {
+  local json=$OUT/$STAMP-engine-gpu.json
+  "$PYTHON" "$ROOT/benchmarks/device/bench_engine_gpu.py" --steps 8 --out "$json" || return 1
+  "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["table"])' "$json" |
+    tee "$OUT/$STAMP-engine-gpu.md"
+}
+
+# compute-sanitizer with torch's caching allocator off (memcheck sees real allocations only
+# then), small sizes, a print limit; the selections are checked by the dry run.
+TESTS=$ROOT/tests/python
+GPU_TESTS=(-m gpu -k "not compute_sanitizer" "$TESTS")
+ENGINE_SANITIZER=(-m gpu -k compute_sanitizer "$TESTS/test_gpu_engine.py")
+KERNEL_MEMCHECK=(-m gpu -k "not graph and not cupy and not sweep" "$TESTS/test_gpu_kernels.py")
+HAZARDS=(-m gpu -k "unaligned or several_launches or bitwise" "$TESTS/test_gpu_hazards.py")
+SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+sanitize() { # TOOL [tool options] -- pytest arguments
+  local tool=()
+  while [[ $1 != -- ]]; do
+    tool+=("$1")
+    shift
+  done
+  shift
+  ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SANITIZER" --error-exitcode 1 --print-limit 20 \
+    --target-processes all --tool "${tool[@]}" "$PYTHON" -m pytest -q -rfE -p no:cacheprovider "$@"
+}
+sanitize_engine() {
+  ZENFLOW_SANITIZER_TIMEOUT_S=25 "$PYTHON" -m pytest -v -rfE -p no:cacheprovider "${ENGINE_SANITIZER[@]}"
+}
+sanitize_kernels() { sanitize memcheck -- "${KERNEL_MEMCHECK[@]}"; }
+sanitize_races() { sanitize racecheck --racecheck-report hazard -- "${HAZARDS[@]}"; }
+sanitize_sync_init() {
+  local status=0
+  sanitize synccheck -- "${HAZARDS[@]}" || status=1
+  sanitize initcheck -- "${HAZARDS[@]}" || status=1
+  return $status
+}
+
+gpu_tests() {
+  ZENFLOW_TEST_TIMEOUT_S="$TEST_TIMEOUT" "$PYTHON" -m pytest -v -rfE -p no:cacheprovider "${GPU_TESTS[@]}"
+}
+
+demo() { # the three runs on the GPU (UTF-8 bytes when the tokenizers package is missing)
+  local dir
+  dir=$(mktemp -d)
+  "$PYTHON" -m zenflow demo --device cuda --model-size tiny --steps 30 --no-progress --out "$dir" \
+    --cache "$BUILD/demo-cache" || return 1
+  cp "$dir/table.md" "$OUT/$STAMP-demo-cuda.md" && cat "$dir/table.md"
+}
+
+if [[ ${1:-} == --run-step ]]; then
+  [[ $DRY == 0 ]] && export PYTHONPATH=$ROOT/python:$TESTS${PYTHONPATH:+:$PYTHONPATH}
+  [[ -x $SANITIZER ]] && export PATH="$(dirname "$SANITIZER"):$PATH" # test_gpu_engine.py looks it up
+  "$2"
+  exit $?
+fi
+
 START=$SECONDS
+SIMULATED=0 # the dry run's clock: the estimates of the steps "run" so far
 FAILED=()
+: >"$LOG"
 
-say() { echo "== $* [$((SECONDS - START)) s]" | tee -a "$LOG"; }
+elapsed() { echo $((SECONDS - START + SIMULATED)); }
+say() { echo "== $* [$(elapsed) s]" | tee -a "$LOG"; }
+note() { echo "$*" >>"$SUMMARY"; }
 
-# run NAME LIMIT_S CMD...: runs CMD with its output in the log, within its own limit and
-# the script's remaining budget; records a failure instead of stopping.
-run() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$((BUDGET - (SECONDS - START)))
+cat >"$SUMMARY" <<EOF
+# zenflow device check, $STAMP
+
+$( ((DRY)) && echo "DRY RUN (no build, no GPU work; times are the estimates)")
+
+| step | status | seconds | limit | estimate |
+|---|---|---:|---:|---:|
+EOF
+
+# step NAME LIMIT_S ESTIMATE_S CMD...: runs CMD with its output in the log, within its own
+# limit and the budget left; records the result in the summary instead of stopping.
+step() {
+  local name=$1 limit=$2 estimate=$3
+  shift 3
+  local left=$((BUDGET - $(elapsed)))
   if ((left < 20)); then
-    say "SKIPPED $name (time budget spent)"
+    say "SKIPPED $name (budget spent)"
+    note "| $name | SKIPPED (budget) | - | $limit | $estimate |"
     FAILED+=("$name (skipped: budget)")
     return
   fi
   ((limit > left)) && limit=$left
-  say "$name (limit ${limit} s)"
-  if timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1; then
-    say "ok $name"
+  say "$name (limit $limit s, estimate $estimate s)"
+  echo "\$ $*" >>"$LOG"
+  local started=$SECONDS status=0
+  if ((DRY)); then
+    SIMULATED=$((SIMULATED + estimate))
   else
-    say "FAILED $name (status $?)"
+    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1 || status=$?
+  fi
+  local took=$((SECONDS - started))
+  ((DRY)) && took=$estimate
+  if ((status == 0)); then
+    say "ok $name (${took} s)"
+    note "| $name | ok | $took | $limit | $estimate |"
+  else
+    local why="status $status"
+    ((status == 124 || status == 137)) && why="killed at its limit"
+    say "FAILED $name ($why, ${took} s)"
+    note "| $name | FAILED ($why) | $took | $limit | $estimate |"
     FAILED+=("$name")
   fi
 }
 
-say "zenflow device check ($PARTS) in $ROOT, archs $ZENFLOW_CUDA_ARCHS, $(nproc) cores"
+# In a dry run: the file must exist.
+need_file() {
+  if [[ ! -e $1 ]]; then
+    say "MISSING $1"
+    FAILED+=("missing $1")
+  fi
+}
+
+# In a dry run: the script's --help must know every flag the step gives it.
+need_flags() { # command... -- flag...
+  local command=() help
+  while [[ $1 != -- ]]; do
+    command+=("$1")
+    shift
+  done
+  shift
+  help=$("${command[@]}" --help 2>&1) || true
+  local flag
+  for flag in "$@"; do
+    if ! grep -q -- "$flag" <<<"$help"; then
+      say "UNKNOWN FLAG $flag for ${command[*]}"
+      FAILED+=("unknown flag $flag")
+    fi
+  done
+}
+
+# In a dry run: the pytest selection must collect at least one test (a renamed test must
+# not silently drop out of the GPU check).
+need_tests() {
+  local count
+  count=$(cd "$ROOT" && "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider "$@" 2>>"$LOG" |
+    grep -c '::') || true
+  echo "collected $count: $*" >>"$LOG"
+  if ((count == 0)); then
+    say "EMPTY test selection: $*"
+    FAILED+=("empty selection: $*")
+  fi
+}
+
+say "zenflow device check in $ROOT, archs $ZENFLOW_CUDA_ARCHS, $(nproc) cores, budget $BUDGET s$( ((DRY)) && echo ', DRY RUN')"
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >>"$LOG" 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  say "no GPU visible (nvidia-smi lists none): nothing to check"
+  note "| GPU | NONE VISIBLE | - | - | - |"
+  exit 2
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1 || true
 
-# One CMake build: libzenflow, the C++ tests, and zenflow._C placed next to the Python
-# sources (python/zenflow), so PYTHONPATH=python imports it. GoogleTest is optional.
-PYBIND11_DIR=$("$PYTHON" -m pybind11 --cmakedir 2>/dev/null)
-configure() {
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=ON \
-    -DZENFLOW_BUILD_PYTHON=ON -DZENFLOW_BUILD_TESTS="$1" -Dpybind11_DIR="$PYBIND11_DIR" \
-    -DPython_EXECUTABLE="$(command -v "$PYTHON")" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/zenflow"
-}
-HAVE_CTEST=1
-if ! configure ON >>"$LOG" 2>&1; then
-  say "configure with tests failed (no GoogleTest?): building without the C++ tests"
-  rm -rf "$BUILD"
-  HAVE_CTEST=0
-  configure OFF >>"$LOG" 2>&1 || FAILED+=("configure")
-fi
-run "build" 240 cmake --build "$BUILD" -j "$(nproc)"
-
-export PYTHONPATH=$ROOT/python:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}
-run "zenflow info" 30 "$PYTHON" -m zenflow info
-SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-[[ -x $SANITIZER ]] && export PATH="$(dirname "$SANITIZER"):$PATH"  # test_gpu_engine.py looks it up
-
-# The GPU tests of the part(s) asked for; the engine's sanitizer runs are a step of their own.
-case $PARTS in
-  all) GPU_TESTS=("$ROOT/tests/python") ;;
-  engine) GPU_TESTS=("$ROOT/tests/python/test_gpu_engine.py" "$ROOT/tests/python/test_data_parallel.py") ;;
-  kernels) GPU_TESTS=("$ROOT/tests/python" --ignore "$ROOT/tests/python/test_gpu_engine.py"
-    --ignore "$ROOT/tests/python/test_data_parallel.py") ;;
-esac
-run "pytest gpu" 150 "$PYTHON" -m pytest -q -m gpu -k "not compute_sanitizer" "${GPU_TESTS[@]}"
-
-# ---- the engine's CUDA backend (issue 12) ----
-if part engine; then
-  # A short engine run (bf16 and fp16, re-selections, overlap, the split form, an overflow)
-  # under memcheck and racecheck, in subprocesses of test_gpu_engine.py.
-  if [[ -x $SANITIZER ]]; then
-    run "engine under compute-sanitizer memcheck, racecheck" 150 env ZENFLOW_SANITIZER_TIMEOUT_S=70 \
-      "$PYTHON" -m pytest -q -m gpu -k compute_sanitizer "$ROOT/tests/python/test_gpu_engine.py"
-  else
-    say "compute-sanitizer not found"
-    FAILED+=("engine compute-sanitizer (not found)")
-  fi
-  run "engine benchmark" 150 "$PYTHON" "$ROOT/benchmarks/device/bench_engine_gpu.py" \
-    --out "$OUT/$STAMP-engine-gpu.json"
-  [[ -f $OUT/$STAMP-engine-gpu.json ]] &&
-    "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["table"])' "$OUT/$STAMP-engine-gpu.json"
-  # The demo's largest preset ("large"; there is no ~1B preset: bench_engine_gpu.py is the
-  # 1B run), 40 steps per run: pretraining, the tokenizer and three runs fit in its limit.
-  if "$PYTHON" -c "import tokenizers, matplotlib" >/dev/null 2>&1; then
-    run "demo --device cuda" 120 "$PYTHON" -m zenflow demo --device cuda --model-size large --steps 40 \
-      --no-progress --out "$OUT/$STAMP-demo-cuda" --cache "$BUILD/demo-cache"
-    [[ -f $OUT/$STAMP-demo-cuda/table.md ]] && cat "$OUT/$STAMP-demo-cuda/table.md"
-  else
-    say "SKIPPED demo --device cuda (the demo needs the tokenizers and matplotlib packages)"
-    FAILED+=("demo --device cuda (tokenizers/matplotlib missing)")
-  fi
+if ((DRY)); then
+  # The installed zenflow collects the tests (the real run imports the build in python/).
+  export PYTHONPATH=$TESTS${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# ---- the kernels (issue 4) ----
-if part kernels && ((HAVE_CTEST)); then
-  run "ctest" 60 ctest --test-dir "$BUILD" --output-on-failure -j 8
-  run "ctest, ZENFLOW_SIMD=avx512" 60 env ZENFLOW_SIMD=avx512 ctest --test-dir "$BUILD" --output-on-failure -j 8
+if ((DRY)); then
+  need_flags "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" -- --reps --out --layers --lm-head --dtype --ratio
+  need_flags "$PYTHON" "$ROOT/benchmarks/device/bench_engine_gpu.py" -- --steps --out
+  need_flags "$PYTHON" -m zenflow demo -- --device --model-size --steps --no-progress --out --cache
+  need_tests "${GPU_TESTS[@]}"
 fi
-part kernels && run "pytest cpu, ZENFLOW_SIMD=avx512" 60 env ZENFLOW_SIMD=avx512 "$PYTHON" -m pytest -q -m "not gpu" "$ROOT/tests/python"
-
-# memcheck sees torch's real allocations only without its caching allocator.
-if ! part kernels; then
-  :
-elif [[ -x $SANITIZER ]]; then
-  run "compute-sanitizer memcheck (small)" 150 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool memcheck --error-exitcode 1 --target-processes all \
-    "$PYTHON" -m pytest -q -x -m gpu -k "not graph and not cupy" "$ROOT/tests/python/test_gpu_kernels.py"
-  # The shared-memory / barrier / uninitialised-read tools on the kernels that use shared
-  # memory and tickets, through the smallest tests that reach every path (multi-launch
-  # lists, scalar and vector loads); racecheck is the slowest, so it sees the fewest.
-  SMALL_TESTS="$ROOT/tests/python/test_gpu_hazards.py"
-  run "compute-sanitizer racecheck (small)" 60 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 1 --target-processes all \
-    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches" "$SMALL_TESTS"
-  run "compute-sanitizer synccheck (small)" 45 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool synccheck --error-exitcode 1 --target-processes all \
-    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches or bitwise" "$SMALL_TESTS"
-  run "compute-sanitizer initcheck (small)" 45 env ZENFLOW_GPU_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-    "$SANITIZER" --tool initcheck --error-exitcode 1 --target-processes all \
-    "$PYTHON" -m pytest -q -x -m gpu -k "unaligned or several_launches or bitwise" "$SMALL_TESTS"
-else
+step "build" 150 60 "${SELF[@]}" build
+step "kernel benchmark" 75 45 "${SELF[@]}" kernels
+step "GPU tests" 170 100 "${SELF[@]}" gpu_tests
+step "engine benchmark" 100 70 "${SELF[@]}" engine
+if ((DRY)); then
+  need_tests "${ENGINE_SANITIZER[@]}"
+  need_tests "${KERNEL_MEMCHECK[@]}"
+  need_tests "${HAZARDS[@]}"
+elif [[ ! -x $SANITIZER ]]; then
   say "compute-sanitizer not found"
+  note "| sanitizers | NOT FOUND | - | - | - |"
   FAILED+=("compute-sanitizer (not found)")
 fi
-
-if part kernels; then
-  run "benchmark" 120 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --out "$OUT/$STAMP-gpu-kernels.md"
-  [[ -f $OUT/$STAMP-gpu-kernels.md ]] && cat "$OUT/$STAMP-gpu-kernels.md"
-  run "benchmark lm_head fp16 1%" 60 "$PYTHON" "$ROOT/benchmarks/device/bench_gpu.py" --layers 2 --lm-head \
-    --dtype float16 --ratio 0.01 --reps 5 --out "$OUT/$STAMP-gpu-kernels-lm-head-fp16.md"
-  [[ -f $OUT/$STAMP-gpu-kernels-lm-head-fp16.md ]] && cat "$OUT/$STAMP-gpu-kernels-lm-head-fp16.md"
+if ((DRY)) || [[ -x $SANITIZER ]]; then
+  step "sanitizer: engine (memcheck, racecheck)" 60 50 "${SELF[@]}" sanitize_engine
+  step "sanitizer: kernels (memcheck)" 60 40 "${SELF[@]}" sanitize_kernels
+  step "sanitizer: hazards (racecheck)" 30 15 "${SELF[@]}" sanitize_races
+  step "sanitizer: hazards (synccheck, initcheck)" 30 20 "${SELF[@]}" sanitize_sync_init
 fi
+step "demo" 60 30 "${SELF[@]}" demo
 
-say "done in $((SECONDS - START)) s"
+# ---- the summary: failing tests by name, then the verdict
+FAILING=$(grep -E '(FAILED|ERROR) tests/|^tests/python/.*::.* (FAILED|ERROR)' "$LOG" | sort -u | head -40)
+if [[ -n $FAILING ]]; then
+  note ""
+  note "Failing tests:"
+  note ""
+  while IFS= read -r line; do note "- \`$line\`"; done <<<"$FAILING"
+fi
+note ""
+say "done in $(elapsed) s"
 if ((${#FAILED[@]})); then
+  note "FAILED: ${FAILED[*]}"
   printf 'FAILED: %s\n' "${FAILED[@]}" | tee -a "$LOG"
   exit 1
 fi
+note "all device checks passed"
 echo "all device checks passed" | tee -a "$LOG"

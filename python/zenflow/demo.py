@@ -157,13 +157,13 @@ def _save_atomic(obj: Any, path: Path) -> None:
 
 def tokens(vocab: int, cache: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Token ids (int64) of every part of the corpus, encoded with a byte-level BPE tokenizer
-    of `vocab` entries trained on all of it. Cached, keyed by the text's hash."""
+    of `vocab` entries trained on all of it. Cached, keyed by the text's hash. Without the
+    `tokenizers` package (an offline GPU machine, say) the ids are the text's UTF-8 bytes:
+    the same model and runs, on a plainer tokenization."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError as error:  # pragma: no cover - the demo extra is missing
-        raise SystemExit(
-            "the demo needs the 'tokenizers' package: pip install 'zenflow[demo]'"
-        ) from error
+    except ImportError:
+        return _byte_tokens(cache)
     started = time.perf_counter()
     text = corpus()
     digest = hashlib.sha256(str(vocab).encode())
@@ -203,6 +203,31 @@ def tokens(vocab: int, cache: str | None = None) -> tuple[dict[str, torch.Tensor
     info["tokens"] = {part: value.numel() for part, value in ids.items()}
     info["seconds"] = time.perf_counter() - started
     info["folder"] = folder
+    return ids, info
+
+
+def _byte_tokens(cache: str | None) -> tuple[dict[str, torch.Tensor], dict]:
+    started = time.perf_counter()
+    text = corpus()
+    digest = hashlib.sha256(b"utf-8 bytes")
+    for part in sorted(text):
+        digest.update(part.encode() + b"\0" + text[part].encode() + b"\0")
+    folder = _cache_dir(cache) / f"bytes-{digest.hexdigest()[:16]}"  # the pretrained model's
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = {
+        part: torch.frombuffer(bytearray(value.encode()), dtype=torch.uint8).to(torch.int64)
+        for part, value in text.items()
+    }
+    info = {
+        "pretrain_text": "pydoc_data.topics: the Python Language Reference's topic pages",
+        "finetune_text": "docstrings of the standard library's modules (every tenth held out)",
+        "cache": str(folder),
+        "characters": {part: len(value) for part, value in text.items()},
+        "tokenizer": "UTF-8 bytes (the tokenizers package is not installed: pip install 'zenflow[demo]')",
+        "tokens": {part: value.numel() for part, value in ids.items()},
+        "seconds": time.perf_counter() - started,
+        "folder": folder,
+    }
     return ids, info
 
 
@@ -531,9 +556,7 @@ def table(results: dict[str, dict]) -> str:
         ("step time (median ms)", lambda r: f"{1e3 * r['step_seconds_median']:.1f}"),
         (
             "step time vs sync offload (means)",
-            lambda r: (
-                f"{sync['step_seconds_mean'] / r['step_seconds_mean']:.2f}x" if sync else "-"
-            ),
+            lambda r: f"{sync['step_seconds_mean'] / r['step_seconds_mean']:.2f}x" if sync else "-",
         ),
         ("stall per step (ms)", lambda r: f"{1e3 * r['stall_seconds_per_step']:.2f}"),
         ("bytes down per step (model sizes)", lambda r: f"{r['down_per_step_model_sizes']:.3f}"),

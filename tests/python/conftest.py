@@ -1,10 +1,43 @@
-"""Shared fixtures: SIMD levels to sweep, GPU skipping, and restoring global settings."""
+"""Shared fixtures: SIMD levels to sweep, GPU skipping, restoring global settings, and an
+optional per-test time limit (ZENFLOW_TEST_TIMEOUT_S, set by benchmarks/device/check.sh)."""
 
 from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
 
 import pytest
 
 import zenflow
+
+TEST_TIMEOUT_S = float(os.environ.get("ZENFLOW_TEST_TIMEOUT_S") or 0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """With ZENFLOW_TEST_TIMEOUT_S: a test that runs longer fails with TimeoutError and the
+    run goes on (the alarm lands when the test next runs Python code). One stuck in native
+    code longer still gets every thread's stack dumped and the process ended, so the log
+    says where it hung instead of the whole step being killed without a word."""
+    if TEST_TIMEOUT_S <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"{item.nodeid}: still running after {TEST_TIMEOUT_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S + 30, exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_collection_modifyitems(config, items):

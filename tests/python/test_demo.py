@@ -111,3 +111,17 @@ def test_cuda_without_a_gpu_is_a_clear_error():
         demo.run_demo(demo.DemoConfig(device="cuda"))
     with pytest.raises(SystemExit, match="expected cpu or cuda"):
         demo.run_demo(demo.DemoConfig(device="tpu"))
+
+
+def test_without_the_tokenizers_package_the_demo_uses_bytes(tmp_path, monkeypatch):
+    """An offline GPU machine may lack the demo extra: the tokens are then the text's UTF-8
+    bytes, which every model preset's vocabulary holds, and the run says so."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    ids, info = demo.tokens(512, cache=str(tmp_path))
+    assert "bytes" in info["tokenizer"]
+    assert info["folder"].is_dir() and str(tmp_path) in str(info["folder"])
+    for part, value in ids.items():
+        assert value.dtype == torch.int64 and value.numel() == len(demo.corpus()[part].encode())
+        assert int(value.max()) < 256 <= min(size.vocab for size in demo.PRESETS.values())
