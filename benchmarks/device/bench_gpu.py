@@ -108,6 +108,21 @@ def main() -> None:
         ">= 80% copy BW, >= 2x peer",
     )
 
+    # 1b. column_stats of one [4096, 4096] matrix alone: too few 1024-row tiles to fill the
+    # GPU, so the launcher splits its rows finer (cuda/norms/column_stats_kernel.cuh).
+    lone = grads[0]
+    lone_stats = ops.column_stats([lone])
+    ours = timed(lambda: ops.column_stats([lone], lone_stats.col_sq), args.reps)
+    peer = timed(lambda: lone.float().square().sum(0), args.reps)
+    row(
+        f"column_stats, one {list(lone.shape)}",
+        ours,
+        peer,
+        "g.float().square().sum(0)",
+        lone.numel() * lone.element_size(),
+        ">= 80% copy BW",
+    )
+
     # 2. segmented top-k over every matrix at once.
     scores = stats.col_sq
     selected = ops.select_topk_columns(scores, ks)
@@ -133,7 +148,7 @@ def main() -> None:
 
     ours = timed(ours_step, args.reps)
     unselected = []
-    touched = 0
+    touched = pack_touched = 0
     for (m, n), s in zip(shapes, selected):
         mask = torch.ones(n, dtype=torch.bool, device=dev)
         mask[s.long()] = False
@@ -142,7 +157,8 @@ def main() -> None:
         k = s.numel()
         touched += sectors_touched(m, s, 2) * 3  # G read, W read + write
         touched += m * k * 4 * 6  # master, m, v read + write
-        touched += sectors_touched(m, rest, 2) + m * rest.numel() * 2  # pack: G read, packed write
+        pack_touched += sectors_touched(m, rest, 2) + m * rest.numel() * 2  # G read, packed write
+    touched += pack_touched
     peer_master = [st.master.clone() for st in states]
     peer_opt = torch.optim.AdamW(peer_master, lr=1e-4, weight_decay=0.01, fused=True)
     long_sel = [s.long() for s in selected]
@@ -163,6 +179,21 @@ def main() -> None:
         "gather + fused AdamW + scatter + pack",
         touched,
         ">= 60% copy BW (sectors), >= 5x peer",
+    )
+
+    # 3b. pack_columns alone: its share of the copy bandwidth.
+    ours = timed(lambda: ops.pack_columns(grads, selected, out=packed), args.reps)
+    peer = timed(
+        lambda: [g.index_select(1, r).t().contiguous() for g, r in zip(grads, unselected)],
+        args.reps,
+    )
+    row(
+        "pack_columns",
+        ours,
+        peer,
+        "index_select + transpose",
+        pack_touched,
+        ">= 80% copy BW (sectors)",
     )
 
     # Table.

@@ -17,7 +17,8 @@ struct StatsPlan {
   int64_t column_blocks = 0;
 };
 
-StatsPlan plan_column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count) {
+// The tiles of the call at `chunk_rows` rows per chunk.
+StatsPlan plan_with_chunk(const zf_tensor* grads, const zf_tensor* col_sq, size_t count, int64_t chunk_rows) {
   StatsPlan plan;
   for (size_t i = 0; i < count; ++i) {
     const int64_t rows = grads[i].shape[0], cols = grads[i].shape[1];
@@ -29,7 +30,8 @@ StatsPlan plan_column_stats(const zf_tensor* grads, const zf_tensor* col_sq, siz
     mat.rows = rows;
     mat.cols = static_cast<int32_t>(cols);
     mat.dtype = grads[i].dtype;
-    mat.chunks = static_cast<int32_t>(std::max<int64_t>(1, (rows + kStatsChunkRows - 1) / kStatsChunkRows));
+    mat.chunk_rows = static_cast<int32_t>(chunk_rows);
+    mat.chunks = static_cast<int32_t>(std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows));
     mat.column_blocks = static_cast<int32_t>((cols + kStatsBlockColumns - 1) / kStatsBlockColumns);
     mat.first_tile = plan.tiles;
     mat.first_block = plan.column_blocks;
@@ -37,6 +39,18 @@ StatsPlan plan_column_stats(const zf_tensor* grads, const zf_tensor* col_sq, siz
     plan.tiles += static_cast<int64_t>(mat.chunks) * mat.column_blocks;
     plan.column_blocks += mat.column_blocks;
     plan.matrices.push_back(mat);
+  }
+  return plan;
+}
+
+// 1024-row chunks, halved while the call has fewer tiles than fill the GPU (a lone matrix,
+// a short list); the shapes alone decide, so the sums' order is fixed by them.
+StatsPlan plan_column_stats(const zf_tensor* grads, const zf_tensor* col_sq, size_t count) {
+  int64_t chunk_rows = kStatsChunkRows;
+  StatsPlan plan = plan_with_chunk(grads, col_sq, count, chunk_rows);
+  while (plan.tiles < kStatsTargetTiles && chunk_rows > kStatsMinChunkRows) {
+    chunk_rows /= 2;
+    plan = plan_with_chunk(grads, col_sq, count, chunk_rows);
   }
   return plan;
 }

@@ -1,7 +1,10 @@
 // Fused column statistics kernel: per-column sums of squares, their total and the
 // non-finite flag for a list of row-major gradients, in one launch and one read.
 //
-// Work split: a tile is (matrix, 256-column block, 1024-row chunk). A block of 256 threads
+// Work split: a tile is (matrix, 256-column block, row chunk). The chunk is 1024 rows, or
+// fewer (down to 128) when the call has too few tiles to fill the GPU: a lone [4096, 4096]
+// gradient is 16 column blocks, 64 tiles at 1024 rows for 132 SMs, 512 at 128. The chunk
+// size follows from the call's shapes only, so the order of the sums does too. A block of 256 threads
 // reads its tile with 16-byte loads (8 columns per thread, one warp per row, 4 rows in
 // flight per warp), squares in fp64 (exact) and sums in fp64. Partial sums stay in fp64 in
 // the workspace; the last tile of a column block to finish (an atomic ticket) sums the
@@ -26,7 +29,9 @@ constexpr int kStatsThreads = 256;
 constexpr int kStatsColumnsPerThread = 8;
 constexpr int kStatsWarps = kStatsThreads / 32;
 constexpr int kStatsBlockColumns = 32 * kStatsColumnsPerThread;  // 256
-constexpr int64_t kStatsChunkRows = 1024;
+constexpr int64_t kStatsChunkRows = 1024;     // the chunk of a call with enough tiles
+constexpr int64_t kStatsMinChunkRows = 128;   // 4 passes of the block's 8 warps x 4 rows
+constexpr int64_t kStatsTargetTiles = 4 * 132;  // a few blocks per SM of an H100 / H200
 constexpr int kStatsMaxMatricesPerLaunch = 192;  // by-value table of 12 KiB (limit: 32 KiB since CUDA 12.1)
 
 struct StatsMatrix {
@@ -35,7 +40,8 @@ struct StatsMatrix {
   int64_t rows;
   int32_t cols;
   int32_t dtype;          // zf_dtype
-  int32_t chunks;         // ceil(rows / kStatsChunkRows), at least 1
+  int32_t chunks;         // ceil(rows / chunk_rows), at least 1
+  int32_t chunk_rows;     // the call's chunk (every matrix of a call has the same)
   int32_t column_blocks;  // ceil(cols / kStatsBlockColumns)
   int64_t first_tile;     // global index of this matrix's first tile
   int64_t first_block;    // global index of its first column block
@@ -187,8 +193,8 @@ __global__ void __launch_bounds__(kStatsThreads) column_stats_kernel(const Stats
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int32_t first_column = column_block * kStatsBlockColumns + lane * kStatsColumnsPerThread;
   const int32_t valid = max(0, min(kStatsColumnsPerThread, mat.cols - first_column));
-  const int64_t row_begin = chunk * kStatsChunkRows;
-  const int64_t row_end = min(mat.rows, row_begin + kStatsChunkRows);
+  const int64_t row_begin = static_cast<int64_t>(chunk) * mat.chunk_rows;
+  const int64_t row_end = min(mat.rows, row_begin + mat.chunk_rows);
 
   double sums[kStatsColumnsPerThread];
 #pragma unroll

@@ -10,6 +10,13 @@
 // as 16-byte vectors of the row spans its columns cover (several rows per warp load) and
 // picks its columns out of shared memory; the conversion is the scalar one, so the packed
 // values are the same bits either way.
+//
+// Bytes in flight: a pack is a strided read of the gradient, so the loads of several tiles
+// must be outstanding to cover the latency (about 24 KiB per SM on an H200; one tile's loads
+// were about 8 KiB). Each lane holds eight 16-byte registers for the span loads; a tile
+// needs 1, 2 or 4 of them (spans of up to 8, 16 or 32 vectors per row), and the ring holds
+// the loads of the next 8, 4 or 2 tiles: with 2 blocks per SM (120 registers), 20 to 64 KiB
+// per SM by the span's width (at k = 10%, about 5 vectors of bf16 per row: 40 KiB).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +30,7 @@ namespace cuda {
 constexpr int kPackTile = 32;
 constexpr int kPackRowWarps = 8;
 constexpr int kPackThreads = kPackTile * kPackRowWarps;
-constexpr int64_t kPackChunkRows = 256;
+constexpr int64_t kPackChunkRows = 512;
 constexpr int kPackMaxMatricesPerLaunch = 256;  // by-value table of 14 KiB
 
 struct PackMatrix {
@@ -65,31 +72,103 @@ __device__ __forceinline__ int find_entry(const Entry* entries, int count, int64
 // their row spans, several rows per load when the span is short (8 lanes per row for up to
 // 8 vectors: 4 rows and up to 512 bytes per warp load; 16 lanes: 2 rows; 32 lanes: 1 row).
 constexpr int kSpanRows = kPackTile / kPackRowWarps;  // 4
+constexpr int kSpanRegisters = 8;                     // 16-byte registers per lane for the span loads' ring
 struct SpanLoad {
   const uint4* matrix;  // the matrix from its first row's first span vector
   int64_t row_vectors;  // 16-byte vectors per matrix row
   int vectors;          // span vectors per row (1 .. 32)
-  int lanes_per_row, rows_per_load, lane_row, lane_vector;
+  int lane_row, lane_vector;
 };
 
-// raw[i] = this lane's vector of tile row 4w + i * rows_per_load + lane_row (zero where the
-// lane has none); every load is issued before any is used.
-__device__ __forceinline__ void load_span_rows(const SpanLoad& span, int64_t r0, int64_t row_end, int warp,
-                                               uint4 raw[kSpanRows]) {
+// The span loads of one tile for a span of kLanesPerRow lanes per row: kLoads loads per
+// lane, lane l's i-th holding tile row 4w + i * (32 / kLanesPerRow) + l / kLanesPerRow
+// (zero where the lane has none: past the span or past row_end).
+template <int kLanesPerRow>
+struct SpanTile {
+  static constexpr int kRowsPerLoad = kPackTile / kLanesPerRow;  // 4, 2, 1
+  static constexpr int kLoads = kSpanRows / kRowsPerLoad;        // 1, 2, 4
+  static constexpr int kAhead = kSpanRegisters / kLoads;         // tiles in flight: 8, 4, 2
+  uint4 raw[kLoads];
+};
+
+template <int kLanesPerRow>
+__device__ __forceinline__ void load_span_tile(const SpanLoad& span, int64_t r0, int64_t row_end, int warp,
+                                               SpanTile<kLanesPerRow>& tile) {
 #pragma unroll
-  for (int i = 0; i < kSpanRows; ++i) {
-    raw[i] = make_uint4(0u, 0u, 0u, 0u);
-    const int64_t r = r0 + warp * kSpanRows + i * span.rows_per_load + span.lane_row;
-    if (i * span.rows_per_load < kSpanRows && span.lane_vector < span.vectors && r < row_end) {
-      raw[i] = __ldg(span.matrix + r * span.row_vectors + span.lane_vector);
+  for (int i = 0; i < SpanTile<kLanesPerRow>::kLoads; ++i) {
+    tile.raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    const int64_t r = r0 + warp * kSpanRows + i * SpanTile<kLanesPerRow>::kRowsPerLoad + span.lane_row;
+    if (span.lane_vector < span.vectors && r < row_end) {
+      tile.raw[i] = __ldg(span.matrix + r * span.row_vectors + span.lane_vector);
     }
   }
 }
 
-// At least 3 blocks per SM: caps registers at 80 (pack's vector path holds four 16-byte
-// loads per lane), 24 warps per SM.
+template <int kLanesPerRow>
+__device__ __forceinline__ void stage_span_tile(const SpanLoad& span, int warp, const SpanTile<kLanesPerRow>& tile,
+                                                uint4 (*staged)[kPackTile]) {
+#pragma unroll
+  for (int i = 0; i < SpanTile<kLanesPerRow>::kLoads; ++i) {
+    const int row = warp * kSpanRows + i * SpanTile<kLanesPerRow>::kRowsPerLoad + span.lane_row;
+    if (span.lane_vector < span.vectors) staged[row][span.lane_vector] = tile.raw[i];
+  }
+}
+
+// Pack's vector path over the block's rows [row_begin, row_end): tile by tile, the staged
+// raw rows are compacted to this lane's column, transposed through `tile`, and stored
+// column-major; the loads of the next kAhead tiles are in flight meanwhile. The ring's
+// slot of a tile is static (the loop is unrolled over the ring), so it stays in registers.
+template <int kLanesPerRow>
+__device__ __forceinline__ void pack_span_rows(const PackMatrix& mat, const PackLaunchTable& table, SpanLoad span,
+                                               int64_t span_first_vector, int64_t column, int64_t first,
+                                               int64_t unselected, float scale, int64_t row_begin, int64_t row_end,
+                                               int lane, int warp, float (*tile)[kPackTile + 1],
+                                               uint4 (*staged)[kPackTile]) {
+  constexpr int kAhead = SpanTile<kLanesPerRow>::kAhead;
+  span.lane_row = lane / kLanesPerRow;
+  span.lane_vector = lane % kLanesPerRow;
+  SpanTile<kLanesPerRow> ring[kAhead];
+#pragma unroll
+  for (int d = 0; d < kAhead; ++d)
+    load_span_tile<kLanesPerRow>(span, row_begin + d * kPackTile, row_end, warp, ring[d]);
+  const int64_t position_base = span_first_vector * (mat.dtype == ZF_DTYPE_F32 ? 4 : 8);
+  for (int64_t base = row_begin; base < row_end; base += int64_t{kAhead} * kPackTile) {
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      const int64_t r0 = base + d * kPackTile;
+      if (r0 >= row_end) break;  // uniform over the block
+      stage_span_tile<kLanesPerRow>(span, warp, ring[d], staged);
+      load_span_tile<kLanesPerRow>(span, r0 + int64_t{kAhead} * kPackTile, row_end, warp, ring[d]);
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kSpanRows; ++i) {
+        const int row = warp * kSpanRows + i;
+        float value = 0.0f;
+        if (r0 + row < row_end && column >= 0) {
+          value =
+              load_as_float(staged[row], mat.dtype, column - position_base) * scale;  // the scalar path's conversion
+        }
+        tile[row][lane] = value;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
+        const int j = warp + i * kPackRowWarps;
+        const int64_t r = r0 + lane;
+        if (first + j < unselected && r < row_end) {
+          store_from_float(table.packed, table.packed_dtype, packed_index(mat.packed_offset, mat.rows, first + j, r),
+                           tile[lane][j]);
+        }
+      }
+      __syncthreads();  // the tile and the staged rows are refilled next
+    }
+  }
+}
+
+// At least 2 blocks per SM: caps registers at 128 (pack's vector path holds its ring of eight
+// 16-byte loads per lane: 120 registers, no spill); scatter uses fewer and fits 3.
 template <bool kToPacked>
-__global__ void __launch_bounds__(kPackThreads, 3) pack_columns_kernel(const PackLaunchTable table) {
+__global__ void __launch_bounds__(kPackThreads, 2) pack_columns_kernel(const PackLaunchTable table) {
   __shared__ float tile[kPackTile][kPackTile + 1];                // +1: column reads hit 32 banks
   __shared__ uint4 staged[kToPacked ? kPackTile : 1][kPackTile];  // raw row spans (pack's vector path)
   const PackMatrix mat = table.matrices[find_entry(table.matrices, table.count, blockIdx.x)];
@@ -134,55 +213,28 @@ __global__ void __launch_bounds__(kPackThreads, 3) pack_columns_kernel(const Pac
     }
   }
 
-  SpanLoad span{};
-  uint4 raw[kSpanRows];
-  if (kToPacked && span_vectors > 0) {
-    span.lanes_per_row = span_vectors <= 8 ? 8 : (span_vectors <= 16 ? 16 : 32);
-    span.rows_per_load = kPackTile / span.lanes_per_row;
-    span.lane_row = lane / span.lanes_per_row;
-    span.lane_vector = lane % span.lanes_per_row;
-    span.vectors = span_vectors;
-    span.row_vectors = static_cast<int64_t>(mat.cols) * (mat.dtype == ZF_DTYPE_F32 ? 4 : 2) / 16;
-    span.matrix = static_cast<const uint4*>(mat.matrix) + span_first_vector;
-    load_span_rows(span, row_begin, row_end, warp, raw);
+  if constexpr (kToPacked) {
+    if (span_vectors > 0) {
+      SpanLoad span{};
+      span.vectors = span_vectors;
+      span.row_vectors = static_cast<int64_t>(mat.cols) * (mat.dtype == ZF_DTYPE_F32 ? 4 : 2) / 16;
+      span.matrix = static_cast<const uint4*>(mat.matrix) + span_first_vector;
+      if (span_vectors <= 8) {
+        pack_span_rows<8>(mat, table, span, span_first_vector, column, first, unselected, scale, row_begin, row_end,
+                          lane, warp, tile, staged);
+      } else if (span_vectors <= 16) {
+        pack_span_rows<16>(mat, table, span, span_first_vector, column, first, unselected, scale, row_begin, row_end,
+                           lane, warp, tile, staged);
+      } else {
+        pack_span_rows<32>(mat, table, span, span_first_vector, column, first, unselected, scale, row_begin, row_end,
+                           lane, warp, tile, staged);
+      }
+      return;
+    }
   }
 
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPackTile) {
-    if (kToPacked && span_vectors > 0) {
-      // The raw rows of this tile (loaded one tile ahead) go to shared memory; then the next
-      // tile's loads are issued, so they are in flight while this tile is compacted,
-      // transposed and stored. Each lane then picks its own column out of the staged rows.
-#pragma unroll
-      for (int i = 0; i < kSpanRows; ++i) {
-        const int row = warp * kSpanRows + i * span.rows_per_load + span.lane_row;
-        if (i * span.rows_per_load < kSpanRows && span.lane_vector < span_vectors) {
-          staged[row][span.lane_vector] = raw[i];
-        }
-      }
-      if (r0 + kPackTile < row_end) load_span_rows(span, r0 + kPackTile, row_end, warp, raw);
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < kSpanRows; ++i) {
-        const int row = warp * kSpanRows + i;
-        float value = 0.0f;
-        if (r0 + row < row_end && column >= 0) {
-          const void* staged_row = staged[row];
-          const int64_t position = column - span_first_vector * (mat.dtype == ZF_DTYPE_F32 ? 4 : 8);
-          value = load_as_float(staged_row, mat.dtype, position) * scale;  // the scalar path's conversion
-        }
-        tile[row][lane] = value;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < kPackTile / kPackRowWarps; ++i) {
-        const int j = warp + i * kPackRowWarps;
-        const int64_t r = r0 + lane;
-        if (first + j < unselected && r < row_end) {
-          store_from_float(table.packed, table.packed_dtype, packed_index(mat.packed_offset, mat.rows, first + j, r),
-                           tile[lane][j]);
-        }
-      }
-    } else if (kToPacked) {
+    if (kToPacked) {
       // Scalar path (unaligned rows, or selected columns spreading the block's columns over
       // more than 32 vectors): the raw elements of this warp's rows first, then the
       // conversions.

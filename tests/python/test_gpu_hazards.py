@@ -156,6 +156,44 @@ def test_pack_vector_path_equals_host_bit_for_bit(dtype):
         assert torch.equal(host, packed_reference([grad] * 3, selections, host.dtype, 0.7))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pack_ring_of_every_span_width_equals_host_bit_for_bit(dtype):
+    """The vector path keeps the loads of several tiles in flight in a ring of registers whose
+    depth depends on the span (up to 8, 16 or 32 vectors per row: 8, 4 or 2 tiles ahead).
+    Selections of 0%, 60% and 80% of the columns give each width; 1200 rows give three row
+    chunks of 512 and a last one that ends inside the ring, 33 and 257 rows a short block."""
+    gen = torch.Generator().manual_seed(37)
+    cols = 1024
+    for rows in (90, 33) if SMALL else (1200, 257, 33):
+        grad = torch.randn(rows, cols, generator=gen).to(dtype)
+        selections = [random_selection(cols, int(cols * ratio), gen) for ratio in (0.0, 0.6, 0.8)]
+        host = ops.pack_columns([grad] * 3, selections)
+        out = torch.full((host.numel(),), float("nan"), dtype=host.dtype, device=DEV)  # poisoned
+        dev = ops.pack_columns([grad.to(DEV)] * 3, [sel.to(DEV) for sel in selections], out=out)
+        torch.cuda.synchronize()
+        assert torch.equal(dev.cpu(), host), rows
+        assert torch.equal(host, packed_reference([grad] * 3, selections, host.dtype))
+
+
+# ---- a lone matrix: its rows split finer so that the launch fills the GPU -----------------------
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (2000, 300), (129, 513), (4099, 1), (1, 4099)])
+def test_column_stats_of_a_lone_matrix_equal_host_and_repeat_bitwise(shape):
+    """Too few 1024-row tiles for the GPU: the launcher halves the chunk (down to 128 rows),
+    the same way for the same shapes, so the sums are the same bits on every run."""
+    if SMALL and shape[0] * shape[1] > 1 << 20:
+        pytest.skip("large under compute-sanitizer")
+    gen = torch.Generator().manual_seed(31)
+    grad = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    host = ops.column_stats([grad])
+    dev = ops.column_stats([grad.to(DEV)])
+    assert_column_stats_match(dev, host, [grad])
+    again = ops.column_stats([grad.to(DEV)])
+    torch.cuda.synchronize()
+    assert torch.equal(again.col_sq[0], dev.col_sq[0]) and torch.equal(again.total_sq, dev.total_sq)
+
+
 # ---- a tensor over 2^31 elements ------------------------------------------------------------
 
 
