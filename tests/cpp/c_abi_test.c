@@ -153,6 +153,8 @@ static void check_runtime_calls(void) {
   EXPECT(zf_cuda_compiled() == 0 || zf_cuda_compiled() == 1);
   EXPECT(zf_cuda_architectures() != NULL);
   EXPECT((zf_cuda_compiled() == 0) == (zf_cuda_architectures()[0] == '\0'));
+  EXPECT(zf_cuda_build_note() != NULL);
+  EXPECT((zf_cuda_compiled() == 0) == (zf_cuda_build_note()[0] != '\0')); /* a reason exactly without CUDA */
   EXPECT(zf_cuda_device_count() >= 0);
   EXPECT_ERROR(zf_cuda_device_name(0, NULL, 16), ZF_ERROR_INVALID_VALUE, "buf");
   EXPECT_ERROR(zf_cuda_device_name(0, name, 0), ZF_ERROR_INVALID_VALUE, "buf");
@@ -238,7 +240,8 @@ static void check_column_ops(void) {
       EXPECT_ERROR(zf_pack_columns(&bad, &cuda_selected, 1, &cuda_packed, NULL, NULL), ZF_ERROR_CUDA, "");
     } else {
       EXPECT_ERROR(zf_column_stats(&bad, &cuda_out, 1, &cuda_total, &cuda_flag, 0, NULL, NULL, NULL),
-                   ZF_ERROR_NOT_SUPPORTED, "without CUDA");
+                   ZF_ERROR_NOT_SUPPORTED, "has no CUDA");
+      EXPECT(strstr(zf_last_error(), zf_cuda_build_note()) != NULL); /* and says why */
     }
     EXPECT(packed[0] == -1.0f); /* the failed call wrote nothing */
   }
