@@ -569,6 +569,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 g = self._zero_grads[id(p)] = torch.zeros_like(
                     p, memory_format=torch.contiguous_format
                 )
+            else:
+                # Zeroed again at every use: in data parallel the engine reduces gradients in
+                # place, so after a step this buffer holds the other ranks' sum, not zeros.
+                g.zero_()
         return g
 
     def _refuse_amp_scaler(self, message: str) -> None:

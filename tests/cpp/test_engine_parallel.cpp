@@ -952,6 +952,213 @@ TEST(EngineParallel, BadGradientOnOneRankFailsEveryRankAndChangesNothing) {
   }
 }
 
+// ---- agreement on the call: every rank in the same one ----
+
+// Runs body(rank) on every rank; an exception ends that rank (recorded in errors[rank]) and
+// breaks the group, so the others fail their next collective instead of waiting.
+void run_ranks_guarded(int world, InProcessGroup& group, std::vector<std::string>& errors,
+                       const std::function<void(int)>& body) {
+  errors.assign(static_cast<size_t>(world), "");
+  run_ranks(world, [&](int r) {
+    try {
+      body(r);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+      group.abort(std::string("rank ") + std::to_string(r) + ": " + e.what());
+    }
+  });
+}
+
+// Each rank's gradients of step t, as the engine's descriptors (kept alive by `g`).
+struct Stepper {
+  const std::vector<StepGrads>& stream;
+  int rank;
+  std::vector<HostTensor> g;
+  std::vector<zf_tensor> tensors(int64_t t) {
+    g = stream[static_cast<size_t>(t - 1)].rank[static_cast<size_t>(rank)];
+    return tensors_of(g);
+  }
+};
+
+// Rank 0 flushes while rank 1 steps (as a setting changed on one rank only would make it
+// rebuild its engine): both raise at once, nothing runs on either, and the run goes on as if
+// the calls had not been made.
+TEST(EngineParallel, RanksInDifferentCallsAllRaiseAndNothingRuns) {
+  const int world = 2;
+  const Model model = parallel_model(Dtypes::kMixed);
+  const zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kMixed, 0.3, 2, true, true, false});
+  const int64_t steps = 6, odd_step = 3;
+  const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, steps);
+  InProcessGroup group(world, 5.0);
+  std::vector<FailureLog> logs(world);
+  std::vector<RankRun> runs(world);
+  std::vector<std::string> errors;
+  run_ranks_guarded(world, group, errors, [&](int r) {
+    FailureLog& log = logs[static_cast<size_t>(r)];
+    Model mine = model;
+    zenflow::Engine engine(mine.tensors(), mine.param_groups, mine.groups, config);
+    const zf_engine_collectives c = group.collectives(r);
+    zenflow::check(zf_engine_set_collectives(engine.get(), &c));
+    Stepper stepper{stream, r, {}};
+    for (int64_t t = 1; t <= steps; ++t) {
+      const std::vector<double> lrs = step_lrs(mine, t);
+      if (t == odd_step) {
+        log.params_before_failure = mine.params;
+        std::vector<zf_tensor> tensors = stepper.tensors(t);
+        const zf_status status =
+            r == 0 ? zf_engine_flush(engine.get())
+                   : zf_engine_step(engine.get(), tensors.data(), tensors.size(), lrs.data(), lrs.size());
+        log.first_status = status;
+        log.first_message = status == ZF_SUCCESS ? "" : zf_last_error();
+        log.params_after_failure = mine.params;
+      }
+      std::vector<zf_tensor> tensors = stepper.tensors(t);
+      zenflow::check(zf_engine_step(engine.get(), tensors.data(), tensors.size(), lrs.data(), lrs.size()));
+      runs[static_cast<size_t>(r)].params.push_back(mine.params);
+    }
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_EQ(group.timeouts(), 0) << "a rank was left waiting in a collective";
+  EXPECT_EQ(group.mismatches(), 0) << "the ranks ran different collectives";
+  for (int r = 0; r < world; ++r) {
+    const FailureLog& log = logs[static_cast<size_t>(r)];
+    EXPECT_EQ(log.first_status, ZF_ERROR_INVALID_VALUE) << "rank " << r;
+    EXPECT_NE(log.first_message.find("every rank must make the same engine calls"), std::string::npos)
+        << log.first_message;
+    EXPECT_NE(log.first_message.find(r == 0 ? "rank 1 in a step" : "rank 0 in a flush"), std::string::npos)
+        << log.first_message;
+    for (size_t i = 0; i < model.params.size(); ++i)
+      EXPECT_TRUE(log.params_after_failure[i].bitwise_equal(log.params_before_failure[i])) << "rank " << r;
+  }
+  InProcessGroup clean(world, 5.0);
+  const std::vector<RankRun> reference = run_parallel(model, config, clean, stream, RunOptions{});
+  for (int r = 0; r < world; ++r)
+    for (size_t s = 0; s < runs[0].params.size(); ++s)
+      for (size_t i = 0; i < model.params.size(); ++i)
+        EXPECT_TRUE(
+            runs[static_cast<size_t>(r)].params[s][i].bitwise_equal(reference[static_cast<size_t>(r)].params[s][i]))
+            << "rank " << r << ", step " << s + 1 << ", param " << i;
+}
+
+// A refusal in begin_step or submit on one rank waits for end_step's agreement, where every
+// rank raises together: raised at once, it would leave the other ranks waiting there.
+TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
+  const int world = 3;
+  const Model model = parallel_model(Dtypes::kMixed);
+  zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kMixed, 0.3, 2, true, false, false});
+  config.host_threads = 2;
+  const int64_t steps = 10, bad_submit_step = 3, fault_step = 5;
+  const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, steps);
+  InProcessGroup group(world, 5.0);
+  struct Log {
+    std::vector<zf_status> begin, submit, end;  // per step
+    std::vector<std::string> end_message;
+  };
+  std::vector<Log> logs(world);
+  std::vector<std::string> errors;
+  run_ranks_guarded(world, group, errors, [&](int r) {
+    Log& log = logs[static_cast<size_t>(r)];
+    Model mine = model;
+    zenflow::Engine engine(mine.tensors(), mine.param_groups, mine.groups, config);
+    const zf_engine_collectives c = group.collectives(r);
+    zenflow::check(zf_engine_set_collectives(engine.get(), &c));
+    Stepper stepper{stream, r, {}};
+    for (int64_t t = 1; t <= steps; ++t) {
+      const std::vector<double> lrs = step_lrs(mine, t);
+      if (r == 1 && t == fault_step) zf::testing::inject_host_lane_fault(engine.get(), "rank one's lane");
+      std::vector<zf_tensor> tensors = stepper.tensors(t);
+      HostTensor wrong(mine.params[0].dtype == ZF_DTYPE_F32 ? ZF_DTYPE_BF16 : ZF_DTYPE_F32, mine.params[0].shape);
+      if (r == 1 && t == bad_submit_step) tensors[0] = wrong.tensor();
+      log.begin.push_back(zf_engine_begin_step(engine.get(), lrs.data(), lrs.size()));
+      zf_status submitted = ZF_SUCCESS;
+      for (size_t i = tensors.size(); i > 0 && submitted == ZF_SUCCESS; --i)  // backward order
+        submitted = zf_engine_submit(engine.get(), i - 1, &tensors[i - 1], 1);
+      log.submit.push_back(submitted);
+      const zf_status ended = zf_engine_end_step(engine.get());
+      log.end.push_back(ended);
+      log.end_message.push_back(ended == ZF_SUCCESS ? "" : zf_last_error());
+      if (ended != ZF_SUCCESS) zf_engine_abort_step(engine.get());
+    }
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_EQ(group.timeouts(), 0) << "a rank was left waiting in a collective";
+  EXPECT_EQ(group.mismatches(), 0);
+  for (int r = 0; r < world; ++r) {
+    const Log& log = logs[static_cast<size_t>(r)];
+    ASSERT_EQ(log.end.size(), static_cast<size_t>(steps)) << "rank " << r;
+    for (int64_t t = 1; t <= steps; ++t) {
+      const size_t s = static_cast<size_t>(t - 1);
+      EXPECT_EQ(log.begin[s], ZF_SUCCESS) << "rank " << r << " raised in begin_step at step " << t;
+      EXPECT_EQ(log.submit[s], ZF_SUCCESS) << "rank " << r << " raised in submit at step " << t;
+      // Every rank ends each step alike: the refused submit's step fails everywhere, then the
+      // lane's fault (found within a few steps) fails every later step everywhere.
+      EXPECT_EQ(log.end[s] == ZF_SUCCESS, logs[0].end[s] == ZF_SUCCESS) << "rank " << r << ", step " << t;
+    }
+    EXPECT_NE(log.end[bad_submit_step - 1], ZF_SUCCESS) << "rank " << r;
+    EXPECT_EQ(log.end[bad_submit_step], ZF_SUCCESS) << "rank " << r << ": the retry after the refusal";
+    if (r == 1) {
+      EXPECT_NE(log.end_message[bad_submit_step - 1].find("grads[0]"), std::string::npos)
+          << log.end_message[bad_submit_step - 1];
+    } else {
+      EXPECT_TRUE(names_rank_one(log.end_message[bad_submit_step - 1])) << log.end_message[bad_submit_step - 1];
+    }
+    EXPECT_NE(log.end[steps - 1], ZF_SUCCESS) << "rank " << r << ": the lane's fault was never raised";
+  }
+}
+
+// A state that one rank refuses is refused by every rank: no rank loads alone.
+TEST(EngineParallel, AStateRefusedOnOneRankIsRefusedOnEveryRank) {
+  const int world = 2;
+  const Model model = parallel_model(Dtypes::kF32);
+  const zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kF32, 0.3, 2, true, false, false});
+  const int64_t steps = 4;
+  const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, steps);
+  // A whole state (a single engine's over the mean gradients): any world size loads it.
+  RunOptions save_options;
+  save_options.save_at_end = true;
+  const std::vector<StepGrads> first_two(stream.begin(), stream.begin() + 2);
+  RankRun single = run_single(model, config, first_two, save_options);
+  ASSERT_EQ(single.error, "");
+  const zenflow::EngineState whole = single.saves[0];
+  InProcessGroup group(world, 5.0);
+  std::vector<FailureLog> logs(world);
+  std::vector<zf_engine_stats> stats_before(world), stats_after(world);
+  std::vector<std::string> errors;
+  run_ranks_guarded(world, group, errors, [&](int r) {
+    FailureLog& log = logs[static_cast<size_t>(r)];
+    Model mine = model;
+    zenflow::Engine engine(mine.tensors(), mine.param_groups, mine.groups, config);
+    const zf_engine_collectives c = group.collectives(r);
+    zenflow::check(zf_engine_set_collectives(engine.get(), &c));
+    Stepper stepper{stream, r, {}};
+    for (int64_t t = 1; t <= 3; ++t) engine.step(stepper.tensors(t), step_lrs(mine, t));
+    zenflow::EngineState saved = whole;
+    zenflow::EngineState bad = whole;
+    if (r == 1) bad.counters[0] = -5;  // the schedule's step: refused by the checks
+    log.params_before_failure = mine.params;
+    stats_before[static_cast<size_t>(r)] = engine.stats();
+    const std::vector<zf_tensor> buffers = bad.tensors();
+    log.first_status =
+        zf_engine_load_state(engine.get(), buffers.data(), buffers.size(), bad.counters.data(), bad.loss_scale);
+    log.first_message = log.first_status == ZF_SUCCESS ? "" : zf_last_error();
+    log.params_after_failure = mine.params;
+    stats_after[static_cast<size_t>(r)] = engine.stats();
+    engine.load_state(saved);  // every rank loads the whole state: accepted
+    engine.step(stepper.tensors(3), step_lrs(mine, 3));
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_EQ(group.timeouts(), 0);
+  EXPECT_EQ(group.mismatches(), 0);
+  for (int r = 0; r < world; ++r) {
+    const FailureLog& log = logs[static_cast<size_t>(r)];
+    EXPECT_EQ(log.first_status, ZF_ERROR_INVALID_VALUE) << "rank " << r << " loaded alone";
+    if (r == 0) EXPECT_TRUE(names_rank_one(log.first_message)) << log.first_message;
+    for (size_t i = 0; i < model.params.size(); ++i)
+      EXPECT_TRUE(log.params_after_failure[i].bitwise_equal(log.params_before_failure[i])) << "rank " << r;
+    EXPECT_EQ(stats_after[static_cast<size_t>(r)].steps, stats_before[static_cast<size_t>(r)].steps) << "rank " << r;
+  }
+}
+
 // ---- set_collectives ----
 
 TEST(EngineParallel, SetCollectivesRejectsBadInputAndChangesNothing) {

@@ -65,7 +65,7 @@ std::vector<zf_engine_state_entry> Engine::layout_entries(bool group_names) cons
 }
 
 void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
-  agree([&] { check_save_arguments(buffers, count, counters, loss_scale); });
+  agree(Agreement::kSave, [&] { check_save_arguments(buffers, count, counters, loss_scale); });
   initialize_state();
   flush_on_every_rank();
   write_state(buffers, counters, loss_scale);
@@ -169,7 +169,8 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
 }
 
 void Engine::load_state(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) {
-  check_load_arguments(buffers, count, counters, loss_scale);
+  // Data parallel: a state refused on one rank is refused on all, so no rank loads alone.
+  agree(Agreement::kLoad, [&] { check_load_arguments(buffers, count, counters, loss_scale); });
   apply_load(buffers, counters, loss_scale);
 }
 

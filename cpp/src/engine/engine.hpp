@@ -59,6 +59,7 @@ class Engine {
   void attach_device_memory(void* memory, size_t bytes);
 
   void step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count);
+  // Data parallel: begin_step's and submit's refusals wait for end_step's agreement.
   void begin_step(const double* lrs, size_t lr_count);
   void submit(size_t first, const zf_tensor* grads, size_t count);
   void end_step();
@@ -145,6 +146,7 @@ class Engine {
   }
 
  private:
+  void open_split_step(const double* lrs, size_t lr_count);
   // The host lane, its thread bound to this engine's backend (Backend::bind_engine_thread).
   std::unique_ptr<HostLane> make_host_lane(int threads);
 
@@ -290,9 +292,13 @@ class Engine {
   void set_ownership();
   size_t parallel_memory(size_t offset);
   void upload_selection(Matrix& m);
+  // The calls that start with an agreement: their collectives follow it, so every rank must
+  // be in the same one (a rank flushing while another steps would run other collectives).
+  enum class Agreement : int32_t { kStep = 1, kFlush = 2, kSave = 3, kLoad = 4 };
   // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
-  // whether any failed: a local failure is rethrown, another rank's raises naming it.
-  void agree(const std::function<void()>& checks);
+  // whether any failed and whether all are in the same call: a local failure is rethrown,
+  // another rank's raises naming it, and ranks in different calls all raise (nothing ran).
+  void agree(Agreement call, const std::function<void()>& checks);
   void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
   void reduce_gradients(const zf_tensor* grads, bool whole);
   void share_statistics();
@@ -392,7 +398,10 @@ class Engine {
   zf_engine_collectives comm_{};
   int world_ = 1, rank_ = 0;
   bool in_parallel_step_ = false;  // mid-step: a host-lane failure waits for the next agreement
-  bool update_pending_ = false;    // a host update was started whose upload has not run
+  // Data parallel: the first refusal of begin_step or submit, raised at end_step's agreement
+  // (on every rank) instead of on this rank alone, which would leave the others waiting there.
+  std::exception_ptr deferred_split_error_;
+  bool update_pending_ = false;  // a host update was started whose upload has not run
   size_t reduce_offset_ = 0, reduce_bytes_ = 0, shard_offset_ = 0, shard_bytes_ = 0, health_offset_ = 0,
          exchange_offset_ = 0, exchange_bytes_ = 0, lists_offset_ = 0;
   int64_t collective_stats_bytes_ = 0, collective_gradient_bytes_ = 0, collective_upload_bytes_ = 0;

@@ -189,14 +189,34 @@ void Engine::all_reduce(void* data, size_t count, zf_dtype dtype, int64_t* bytes
   *bytes += static_cast<int64_t>(count * zf_dtype_size(dtype));
 }
 
-void Engine::agree(const std::function<void()>& checks) {
+namespace {
+
+const char* agreement_name(int32_t call) {
+  switch (call) {
+    case 1:
+      return "a step";
+    case 2:
+      return "a flush";
+    case 3:
+      return "a save";
+    case 4:
+      return "a load";
+    default:
+      return "no engine call";
+  }
+}
+
+}  // namespace
+
+void Engine::agree(Agreement call, const std::function<void()>& checks) {
   if (!parallel()) {
     checks();
     return;
   }
-  // Every rank reaches this point in the same call: the flags say who failed and whether the
-  // failure is sticky (2) or a refused call (1), so the others raise alike and nobody waits in
-  // a collective a failed rank will not join.
+  // Every rank reaches this point once per call that runs collectives. Each writes its slot:
+  // the call it is in, times 4, plus 0, a refused call (1) or a sticky failure (2); the sum
+  // over the ranks is every slot. So the others raise alike when one failed, every rank raises
+  // when they are in different calls, and nobody waits in a collective another will not join.
   std::exception_ptr local;
   int32_t local_flag = 0;
   try {
@@ -207,7 +227,8 @@ void Engine::agree(const std::function<void()>& checks) {
   }
   ensure_device_memory();
   std::vector<int32_t> flags(static_cast<size_t>(world_), 0);
-  flags[static_cast<size_t>(rank_)] = local_flag;
+  const auto own_call = static_cast<int32_t>(call);
+  flags[static_cast<size_t>(rank_)] = own_call * 4 + local_flag;
   const auto start = std::chrono::steady_clock::now();
   upload(device_ + health_offset_, flags.data(), flags.size() * 4);
   all_reduce(device_ + health_offset_, flags.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
@@ -215,12 +236,27 @@ void Engine::agree(const std::function<void()>& checks) {
   if (!backend_->host_visible())
     stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (local) std::rethrow_exception(local);
+  std::string elsewhere;
+  for (int q = 0; q < world_; ++q) {
+    const int32_t other = flags[static_cast<size_t>(q)] / 4;
+    if (other == own_call) continue;
+    elsewhere +=
+        (elsewhere.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " in " + agreement_name(other);
+  }
+  if (!elsewhere.empty()) {
+    throw Error(ZF_ERROR_INVALID_VALUE,
+                "data parallel: rank " + std::to_string(rank_) + " is in " + agreement_name(own_call) + ", " +
+                    elsewhere +
+                    ": every rank must make the same engine calls in the same order (a setting changed on some "
+                    "ranks only, or a flush or checkpoint on some ranks only); nothing ran on any rank");
+  }
   std::string failed;
   bool sticky = false;
   for (int q = 0; q < world_; ++q) {
-    if (flags[static_cast<size_t>(q)] == 0) continue;
+    const int32_t flag = flags[static_cast<size_t>(q)] % 4;
+    if (flag == 0) continue;
     failed += (failed.empty() ? "" : ", ") + std::to_string(q);
-    sticky = sticky || flags[static_cast<size_t>(q)] >= 2;
+    sticky = sticky || flag >= 2;
   }
   if (failed.empty()) return;
   const std::string message = "data parallel: rank(s) " + failed + " of " + std::to_string(world_) +

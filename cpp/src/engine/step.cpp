@@ -19,7 +19,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // ---- the step ----
 
 void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
-  agree([&] { check_step_arguments(grads, count, lrs, lr_count); });
+  agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); });
   run_step(grads, lrs, false);
 }
 
@@ -34,6 +34,28 @@ void Engine::check_step_arguments(const zf_tensor* grads, size_t count, const do
 }
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
+  if (!parallel()) return open_split_step(lrs, lr_count);
+  // Data parallel: a refusal here (a host-lane failure found, bad learning rates) is raised
+  // at end_step's agreement, on every rank; the split step opens all the same, so that this
+  // rank's submits and end_step come as the others' do.
+  if (in_split_step_) {
+    if (!deferred_split_error_)
+      deferred_split_error_ =
+          std::make_exception_ptr(Error(ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open"));
+    return;
+  }
+  deferred_split_error_ = nullptr;
+  try {
+    open_split_step(lrs, lr_count);
+  } catch (...) {
+    deferred_split_error_ = std::current_exception();
+    submitted_.assign(params_.size(), zf_tensor{});
+    submitted_flags_.assign(params_.size(), 0);
+    in_split_step_ = true;
+  }
+}
+
+void Engine::open_split_step(const double* lrs, size_t lr_count) {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open");
   poll_host_lane();
   check_lrs(lrs, lr_count);
@@ -81,7 +103,18 @@ void Engine::check_submit_arguments(size_t first, const zf_tensor* grads, size_t
 }
 
 void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
-  check_submit_arguments(first, grads, count);
+  if (parallel()) {
+    // As in begin_step: the first refusal waits for end_step's agreement.
+    if (deferred_split_error_) return;
+    try {
+      check_submit_arguments(first, grads, count);
+    } catch (...) {
+      deferred_split_error_ = std::current_exception();
+      return;
+    }
+  } else {
+    check_submit_arguments(first, grads, count);
+  }
   for (size_t j = 0; j < count; ++j) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
@@ -100,7 +133,10 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
 }
 
 void Engine::end_step() {
-  agree([&] { check_end_step_arguments(); });
+  agree(Agreement::kStep, [&] {
+    if (deferred_split_error_) std::rethrow_exception(deferred_split_error_);
+    check_end_step_arguments();
+  });
   const StepInputs inputs = close_split_step();
   run_step(inputs.grads, inputs.lrs, inputs.stats_done);
 }
@@ -122,6 +158,7 @@ void Engine::abort_step() {
   // buckets' copies, whose accumulates were never queued: nothing of the step remains.
   cancel_early_buckets();
   in_split_step_ = false;
+  deferred_split_error_ = nullptr;
   submitted_.clear();
   submitted_flags_.clear();
   split_lrs_.clear();
@@ -605,7 +642,7 @@ void Engine::flush_internal() {
 }
 
 void Engine::flush() {
-  agree([&] {
+  agree(Agreement::kFlush, [&] {
     require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "flush: a split step is open");
     poll_host_lane();
   });
