@@ -490,8 +490,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         layout = _Layout(self.param_groups)
         if state is None and self._engine is not None:
             state = self._carry_over(layout)
-        engine, mode = self._new_engine(layout)
+        engine = None
         try:
+            engine, mode = self._new_engine(layout)
             if self._parallel is not None:
                 self._parallel.attach(engine)
             elif layout.device.type == "cuda":
@@ -502,6 +503,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         engine.device_memory_size(index), dtype=torch.uint8, device=device
                     )
                     engine.attach_device_memory(memory, index)
+        except BaseException:
+            if engine is not None:
+                engine.close()
+            if state is not None:
+                self._refuse_on_every_rank("load")  # the other ranks are in the load's agreement
+            raise
+        try:
             if state is not None:
                 _on_stream(engine, layout).load_state_dict(state)
         except BaseException:
@@ -597,15 +605,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         split, self._split = self._split, None
+        self._engine_reached = False
         try:
             self._step(split)
         except BaseException:
+            if not self._engine_reached:
+                # Refused here, before the engine: in data parallel the other ranks are in
+                # the step's agreement, and must fail too instead of waiting for this one.
+                self._refuse_on_every_rank("step")
             if split is not None and self._engine is not None:
                 self._engine_on_stream().abort_step()
             raise
         finally:
             self._loss_scaled = False
         return loss
+
+    def _refuse_on_every_rank(self, call: str) -> None:
+        """Data parallel: this rank refuses `call` before reaching the engine; the engine
+        makes every rank's `call` fail (engine.h: zf_engine_refuse). Nothing alone."""
+        if self._parallel is not None and self._engine is not None:
+            self._engine.refuse(call)
 
     def _step(self, split: dict | None) -> None:
         if self._engine is not None:
@@ -642,6 +661,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             )
 
         layout = self._layout
+        self._engine_reached = True  # from here on, every refusal is the engine's own
         if self._engine_is_stale(layout):
             if split is not None:
                 self._engine_on_stream().abort_step()
@@ -952,6 +972,33 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             result = hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        try:
+            new_groups, engine_state = self._loaded_state(state_dict)
+        except BaseException:
+            self._refuse_on_every_rank("load")  # data parallel: every rank refuses it
+            raise
+
+        # Build and load a new engine with the loaded groups; only then touch anything.
+        previous_groups = [dict(group) for group in self.param_groups]
+        for group, merged in zip(self.param_groups, new_groups):
+            group.clear()
+            group.update(merged)
+        try:
+            split, self._split = self._split, None
+            if split is not None:
+                self._engine_on_stream().abort_step()
+            self._rebuild_engine(engine_state)
+        except BaseException:
+            for group, previous in zip(self.param_groups, previous_groups):
+                group.clear()
+                group.update(previous)
+            raise
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _loaded_state(self, state_dict: Any) -> tuple[list[dict], dict]:
+        """The groups and the engine's state of a state_dict() (this class's or
+        torch.optim.AdamW's), validated; raises ValueError / TypeError naming what is wrong."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict: expected a dict, got {type(state_dict).__name__}")
         for key in ("state", "param_groups"):
@@ -1018,24 +1065,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             schedule["step"] = max(steps, default=0)
             scaler = {"scale": self._settings["initial_scale"], "growth_tracker": 0}
         engine_state = {"params": entries, "schedule": schedule, "loss_scaler": scaler}
-
-        # Build and load a new engine with the loaded groups; only then touch anything.
-        previous_groups = [dict(group) for group in self.param_groups]
-        for group, merged in zip(self.param_groups, new_groups):
-            group.clear()
-            group.update(merged)
-        try:
-            split, self._split = self._split, None
-            if split is not None:
-                self._engine_on_stream().abort_step()
-            self._rebuild_engine(engine_state)
-        except BaseException:
-            for group, previous in zip(self.param_groups, previous_groups):
-                group.clear()
-                group.update(previous)
-            raise
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+        return new_groups, engine_state
 
     @staticmethod
     def _tensor(name: str, value: Any, dtype: torch.dtype, shape: tuple | None) -> torch.Tensor:

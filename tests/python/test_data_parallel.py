@@ -10,9 +10,12 @@ files in tmp_path; a child that raises, or hangs past the join timeout, fails th
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import os
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -256,6 +259,94 @@ def _host_lane_fault(rank: int, world_size: int, fault_rank: int, fault_step: in
     return failure
 
 
+def _missing_gradient(rank: int, world_size: int, steps: int):
+    """Rank 1 has no gradient for the last layer's weight at every step: once as None (the
+    optimizer's zeros), once as explicit zeros. The engine reduces gradients in place, so a
+    zeros buffer kept from one step to the next held the other ranks' sum after the first."""
+    out = {}
+    share = BATCH // world_size
+    for mode in ("none", "zeros"):
+        model = _model()
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        for step in range(steps):
+            x, y = _batch(step)
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if rank == 1:
+                weight = model[2].weight
+                weight.grad = None if mode == "none" else torch.zeros_like(weight)
+            opt.step()
+            opt.zero_grad()
+        out[mode] = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+    return out
+
+
+def _timed(call) -> tuple[float, str | None]:
+    started = time.monotonic()
+    try:
+        call()
+        return time.monotonic() - started, None
+    except Exception as error:  # the test inspects it
+        return time.monotonic() - started, f"{type(error).__name__}: {error}"
+
+
+def _failure_at_each_entry(rank: int, world_size: int):
+    """For each entry point, a fresh optimizer; rank 1 fails (its host lane, or a state it
+    cannot load), and every rank makes the call until it raises: all must raise in the same
+    call, promptly (the group's timeout is 60 s: a rank left waiting would take that long)."""
+    share = BATCH // world_size
+    results = {}
+
+    def train_step(model, opt, step):
+        x, y = _batch(step)
+        x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for entry in ("step", "split", "flush", "state_dict", "load_state_dict", "rebuild"):
+        model = _model()
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        if entry == "split":
+            opt.overlap_backward(model)
+        for step in range(2):
+            train_step(model, opt, step)
+        saved = opt.state_dict()
+        before = [p.detach().clone() for p in model.parameters()]
+        attempts = []
+        if entry == "load_state_dict":
+            state = copy.deepcopy(saved)
+            if rank == 1:
+                state["state"][0]["exp_avg"] = torch.zeros(3, 3)  # another model's shape
+            attempts.append(_timed(functools.partial(opt.load_state_dict, state)))
+        elif entry == "rebuild":
+            if rank == 1:  # a setting fixed at the engine's creation, changed on one rank only
+                opt.param_groups[0]["weight_decay"] = 0.5
+            attempts.append(_timed(functools.partial(train_step, model, opt, 2)))
+        else:
+            if rank == 1:
+                opt._engine._inject_host_lane_fault("rank one's host lane")
+            train_step(model, opt, 2)  # its host work meets the fault, in the background
+            call = {
+                "step": functools.partial(train_step, model, opt, 3),
+                "split": functools.partial(train_step, model, opt, 3),
+                "flush": opt.flush,
+                "state_dict": opt.state_dict,
+            }[entry]
+            for _ in range(6):
+                attempts.append(_timed(call))
+                if attempts[-1][1] is not None:
+                    break
+        changed = entry in ("load_state_dict", "rebuild") and any(
+            not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before)
+        )
+        results[entry] = {"attempts": attempts, "changed": changed}
+        opt.zero_grad()
+        opt.close()
+    return results
+
+
 def _cuda_ranks(rank: int, world_size: int, steps: int):
     # CUDA parameters on one GPU shared by the ranks, over gloo (its collectives through host
     # copies): the engine's CUDA backend in data parallel, on the stream order it promises.
@@ -486,6 +577,39 @@ def test_a_host_lane_failure_on_one_rank_fails_every_rank(tmp_path):
         assert "rank(s) 1 of 3 failed" in results[rank]["message"], results[rank]
     for result in results:
         assert result["again"] is not None and "refuses steps" in result["again"], result
+
+
+def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path):
+    results = _spawn("_missing_gradient", 2, tmp_path, 4)
+    for rank, result in enumerate(results):
+        for i, (a, b) in enumerate(zip(result["none"], result["zeros"])):
+            assert torch.equal(a, b), f"rank {rank}, param {i}: None differs from explicit zeros"
+    for a, b in zip(results[0]["none"], results[1]["none"]):
+        assert torch.equal(a, b), "the ranks differ"
+
+
+def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_path):
+    results = _spawn("_failure_at_each_entry", 2, tmp_path)
+    for entry in results[0]:
+        per_rank = [r[entry]["attempts"] for r in results]
+        assert len(per_rank[0]) == len(per_rank[1]), f"{entry}: the ranks raised at different calls"
+        for rank, attempts in enumerate(per_rank):
+            seconds, error = attempts[-1]
+            assert error is not None, f"{entry}: rank {rank} never raised"
+            assert seconds < 1.0, f"{entry}: rank {rank} took {seconds:.1f} s to raise"
+            assert all(e is None for _, e in attempts[:-1])
+        _, other = per_rank[0][-1]
+        if entry == "rebuild":
+            for _, error in (per_rank[0][-1], per_rank[1][-1]):
+                assert "every rank must make the same engine calls" in error, error
+        elif entry == "load_state_dict":
+            assert "shape" in per_rank[1][-1][1], per_rank[1][-1]
+            assert "rank(s) 1 of 2 failed" in other, other
+        else:
+            assert "rank one's host lane" in per_rank[1][-1][1], per_rank[1][-1]
+            assert "rank(s) 1 of 2 failed" in other, other
+        for rank in range(2):
+            assert not results[rank][entry]["changed"], f"{entry}: rank {rank} changed its weights"
 
 
 @pytest.mark.gpu

@@ -224,13 +224,19 @@ ZF_API zf_status zf_engine_set_stream_at(zf_engine* engine, size_t index, zf_str
  *  - Selection: each rank sums the squares of the reduced gradient's columns it owns; the
  *    column sums are all-reduced (one float per column), so every rank runs the same top-k,
  *    the same global norm and the same window schedule. Nothing else is exchanged.
- *  - Failures: at the start of every step, flush and save the ranks all-reduce one flag
- *    each; a rank whose host lane failed, or whose call was refused (a bad gradient, say),
- *    raises its own error and every other rank raises ZF_ERROR_INVALID_VALUE naming it. A
- *    failed collective is a sticky error. A rank that stops calling leaves the others in a
- *    collective until the communicator's own timeout.
+ *  - Failures: at the start of every step, flush, save and load the ranks all-reduce one
+ *    flag each, which also names the call the rank is in; a rank whose host lane failed, or
+ *    whose call was refused (a bad gradient, a state it cannot load), raises its own error
+ *    and every other rank raises ZF_ERROR_INVALID_VALUE naming it; ranks in different calls
+ *    (one flushing while another steps) all raise ZF_ERROR_INVALID_VALUE, and nothing runs
+ *    on any of them. A failed collective is a sticky error. A rank that stops calling leaves
+ *    the others in a collective until the communicator's own timeout.
  *  - Split steps: a data-parallel step starts its work at end_step (submit validates and
- *    records only).
+ *    records only). A refusal of begin_step or submit is not returned there (the other
+ *    ranks would wait for this one in end_step): it is returned by end_step, on every rank.
+ *  - A layer above that refuses a call before it reaches the engine (its own checks of a
+ *    checkpoint, say) joins that call's agreement with zf_engine_refuse, so that every rank
+ *    fails it too.
  *
  * Every buffer the engine passes lies in its device memory (as attached); on the CUDA
  * backend the collective runs on `stream` (the compute stream), ordered after the work
@@ -285,6 +291,21 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine);
  * it cannot, reports ZF_ERROR_INVALID_VALUE and keeps a sticky error until a state is loaded.
  */
 ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
+
+/* The calls that start with the ranks' agreement (data parallel). */
+typedef enum zf_engine_call {
+  ZF_ENGINE_CALL_STEP = 1, /* zf_engine_step, zf_engine_end_step */
+  ZF_ENGINE_CALL_FLUSH = 2,
+  ZF_ENGINE_CALL_SAVE = 3,
+  ZF_ENGINE_CALL_LOAD = 4
+} zf_engine_call;
+
+/* Data parallel: this rank refuses `call` before making it (a check of the caller's
+ * failed). It joins the call's agreement as refused, so every other rank's `call` fails with
+ * ZF_ERROR_INVALID_VALUE naming this rank; returns ZF_ERROR_INVALID_VALUE here (the caller
+ * raises its own error). Without collectives it does nothing and returns ZF_SUCCESS. Since
+ * 0.1.0 (2026-12-05). */
+ZF_API zf_status zf_engine_refuse(zf_engine* engine, zf_engine_call call);
 
 /* Applies the in-flight host update, then runs and applies the open window's (if any step
  * was accumulated): afterwards the parameters hold the exact current weights and the host

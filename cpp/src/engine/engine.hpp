@@ -65,6 +65,12 @@ class Engine {
   void end_step();
   void abort_step();
   void flush();
+  // zf_engine_refuse: joins `call`'s agreement as refused (data parallel; else nothing).
+  void refuse(zf_engine_call call);
+  // The calls that start with an agreement (zf_engine_call's values): their collectives follow
+  // it, so every rank must be in the same one (a rank flushing while another steps would run
+  // other collectives).
+  enum class Agreement : int32_t { kStep = 1, kFlush = 2, kSave = 3, kLoad = 4 };
 
   // ---- one step in phases, for a group over several devices (engine_group.cpp) ----
   // step(): the checks, then run_step, which runs the three phases back to back inside
@@ -292,9 +298,6 @@ class Engine {
   void set_ownership();
   size_t parallel_memory(size_t offset);
   void upload_selection(Matrix& m);
-  // The calls that start with an agreement: their collectives follow it, so every rank must
-  // be in the same one (a rank flushing while another steps would run other collectives).
-  enum class Agreement : int32_t { kStep = 1, kFlush = 2, kSave = 3, kLoad = 4 };
   // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
   // whether any failed and whether all are in the same call: a local failure is rethrown,
   // another rank's raises naming it, and ranks in different calls all raise (nothing ran).

@@ -218,6 +218,10 @@ ZF_API zf_status zf_engine_abort_step(zf_engine* engine) {
   return zf::api_call([&] { get(engine).abort_step(); });
 }
 
+ZF_API zf_status zf_engine_refuse(zf_engine* engine, zf_engine_call call) {
+  return zf::api_call([&] { get(engine).refuse(call); });
+}
+
 ZF_API zf_status zf_engine_flush(zf_engine* engine) {
   return zf::api_call([&] { get(engine).flush(); });
 }

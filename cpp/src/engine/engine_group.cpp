@@ -329,6 +329,12 @@ void EngineGroup::flush() {
   for (auto& e : engines_) e->flush();
 }
 
+void EngineGroup::refuse(zf_engine_call call) {
+  require(call >= ZF_ENGINE_CALL_STEP && call <= ZF_ENGINE_CALL_LOAD, ZF_ERROR_INVALID_VALUE, "call: ",
+          static_cast<int>(call), " is not a zf_engine_call");
+  if (!several()) engines_[0]->refuse(call);
+}
+
 zf_engine_stats EngineGroup::stats() const {
   zf_engine_stats total = engines_[0]->stats();
   if (!several()) return total;

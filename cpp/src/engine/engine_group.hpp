@@ -55,6 +55,8 @@ class EngineGroup {
   void end_step();
   void abort_step();
   void flush();
+  // zf_engine_refuse: data parallel (one device) only; a no-op otherwise.
+  void refuse(zf_engine_call call);
 
   zf_engine_stats stats() const;
   double loss_scale() const { return engines_[0]->loss_scale(); }

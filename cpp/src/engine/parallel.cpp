@@ -266,6 +266,19 @@ void Engine::agree(Agreement call, const std::function<void()>& checks) {
   throw Error(ZF_ERROR_INVALID_VALUE, message);
 }
 
+static_assert(static_cast<int>(Engine::Agreement::kStep) == ZF_ENGINE_CALL_STEP &&
+                  static_cast<int>(Engine::Agreement::kFlush) == ZF_ENGINE_CALL_FLUSH &&
+                  static_cast<int>(Engine::Agreement::kSave) == ZF_ENGINE_CALL_SAVE &&
+                  static_cast<int>(Engine::Agreement::kLoad) == ZF_ENGINE_CALL_LOAD,
+              "the agreement's calls are zf_engine_call's");
+
+void Engine::refuse(zf_engine_call call) {
+  if (!parallel()) return;
+  agree(static_cast<Agreement>(call), [] {
+    fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank");
+  });
+}
+
 void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
   uint8_t* scratch = device_ + reduce_offset_;
   // Dense gradients: consecutive ones of one dtype share an all-reduce through the scratch;

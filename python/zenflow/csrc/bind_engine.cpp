@@ -527,6 +527,28 @@ class PyEngine {
     bump_params();
   }
 
+  // Data parallel (zf_engine_refuse): this rank refuses `call` ("step", "flush", "save",
+  // "load") before making it, so that every rank's call fails; nothing happens alone.
+  void refuse(const std::string& call_name) {
+    static const std::pair<const char*, zf_engine_call> calls[] = {{"step", ZF_ENGINE_CALL_STEP},
+                                                                   {"flush", ZF_ENGINE_CALL_FLUSH},
+                                                                   {"save", ZF_ENGINE_CALL_SAVE},
+                                                                   {"load", ZF_ENGINE_CALL_LOAD}};
+    for (const auto& entry : calls) {
+      if (call_name != entry.first) continue;
+      zf_engine* engine = live();
+      const zf_engine_call c = entry.second;
+      zf_status status;
+      {
+        py::gil_scoped_release release;
+        status = zf_engine_refuse(engine, c);
+      }
+      if (status != ZF_SUCCESS && status != ZF_ERROR_INVALID_VALUE) throw_status(status);
+      return;
+    }
+    throw py::value_error("call: expected 'step', 'flush', 'save' or 'load', got '" + call_name + "'");
+  }
+
   // Testing (engine.h): the host lane's next piece of work fails with `message`.
   void inject_host_lane_fault(const std::string& message) {
     check(zf_engine_inject_host_lane_fault_for_testing(live(), message.c_str()));
@@ -759,6 +781,9 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
       .def("abort_step", &PyEngine::abort_step,
            "Discards an open split step (a failed backward): the engine is as before begin_step.")
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
+      .def("refuse", &PyEngine::refuse, py::arg("call"),
+           "Data parallel: this rank refuses `call` ('step', 'flush', 'save', 'load') before making it; "
+           "every rank's call fails. Does nothing without collectives.")
       .def("_inject_host_lane_fault", &PyEngine::inject_host_lane_fault, py::arg("message"),
            "Testing: the host lane's next piece of work fails with `message`.")
       .def("stats", &PyEngine::stats)
