@@ -91,7 +91,9 @@ class CMakeBuild(build_ext):
         _phase(f"native build done in {time.monotonic() - started:.0f} s; packaging")
         note = _cuda_build_note(build_dir)
         if note:
-            _phase(f"built WITHOUT CUDA: {note}. CUDA tensors will be refused; see `python -m zenflow info`")
+            _phase(
+                f"built WITHOUT CUDA: {note}. CUDA tensors will be refused; see `python -m zenflow info`"
+            )
 
     # libzenflow.so sits next to _C (found through its $ORIGIN rpath). A wheel takes the whole
     # build directory; the in-place (editable) copy must be told about the library.

@@ -31,6 +31,8 @@ def assert_column_stats_match(dev, host, grads) -> None:
         dev.total_sq.cpu(), host.total_sq, rtol=COLUMN_SUM_RTOL_DEVICE_VS_HOST + 2**-24, atol=0
     )
     assert int(dev.nonfinite) == int(host.nonfinite)
+
+
 # (rows, cols, k): primes, 1xN, Nx1, k = 0, k = n, empty.
 SHAPES = [
     (1, 1, 1),

@@ -330,8 +330,8 @@ void EngineGroup::flush() {
 }
 
 void EngineGroup::refuse(zf_engine_call call) {
-  require(call >= ZF_ENGINE_CALL_STEP && call <= ZF_ENGINE_CALL_LOAD, ZF_ERROR_INVALID_VALUE, "call: ",
-          static_cast<int>(call), " is not a zf_engine_call");
+  require(call >= ZF_ENGINE_CALL_STEP && call <= ZF_ENGINE_CALL_LOAD, ZF_ERROR_INVALID_VALUE,
+          "call: ", static_cast<int>(call), " is not a zf_engine_call");
   if (!several()) engines_[0]->refuse(call);
 }
 

@@ -274,9 +274,8 @@ static_assert(static_cast<int>(Engine::Agreement::kStep) == ZF_ENGINE_CALL_STEP 
 
 void Engine::refuse(zf_engine_call call) {
   if (!parallel()) return;
-  agree(static_cast<Agreement>(call), [] {
-    fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank");
-  });
+  agree(static_cast<Agreement>(call),
+        [] { fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank"); });
 }
 
 void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {

@@ -338,8 +338,8 @@ zf_tensor from_array_interface(const py::handle& obj, const ArgName& name, Acces
 
 // Any array kind; `written` is set when obj is a torch tensor (its version must be bumped
 // after a write), `keep_alive` when something must outlive the call.
-zf_tensor convert(py::handle obj, const ArgName& name, Access access, const ConsumerStreams& streams,
-                  bool& is_torch, py::object& keep_alive) {
+zf_tensor convert(py::handle obj, const ArgName& name, Access access, const ConsumerStreams& streams, bool& is_torch,
+                  py::object& keep_alive) {
   TorchObjects& torch = torch_objects();
   torch.load();
   is_torch = torch.is_tensor(obj.ptr());
