@@ -16,6 +16,11 @@ region) and calls step(); per rank and per timed step (medians over --steps afte
   collectives    payload bytes this rank gave to collectives: statistics (column sums,
                  flags), gradients (all-reduce / reduce-scatter), upload (all-gather)
 
+Memory, per rank: the resident set (VmRSS) with the model and its gradients (the framework's
+baseline) and after the timed steps with the optimizer, beside stats()["host_state_bytes"];
+the target is that the optimizer's part of a rank's RSS drops by N: RSS(N) within 10% of
+baseline + (RSS(1) - baseline(1)) / N.
+
 1 rank is the peer: a plain single-process optimizer. The "one float per column" selection
 exchange is compared with an all-gather of the gradients that a selection would otherwise
 need (ratio = rows). On a 2-core machine, 3 ranks oversubscribe the cores (each rank has a
@@ -29,7 +34,9 @@ training thread and a host thread): read the 3-rank times as an upper bound.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
+import gc
 import os
 import platform
 import socket
@@ -68,6 +75,7 @@ def _settings(args: argparse.Namespace) -> dict:
         overlap_step=True,
         num_threads=args.host_threads,
         limit_torch_threads=False,
+        bucket_bytes=args.bucket_mib << 20,
     )
 
 
@@ -105,6 +113,21 @@ class _CollectiveClock:
         self._saved = []
 
 
+def resident_bytes() -> int:
+    """This process's resident set (VmRSS), in bytes, of live memory: freed heap is returned
+    to the system first (glibc's malloc_trim), so that what the allocator keeps of earlier
+    temporaries (a randn, a collective's buffers) does not count as anyone's."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -112,8 +135,11 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     for _ in range(args.layers):
         params.append(torch.nn.Parameter(torch.randn(args.rows, args.cols, generator=gen) * 0.02))
         params.append(torch.nn.Parameter(torch.zeros(args.rows)))
-    opt = zenflow.ZenFlowAdamW(params, **_settings(args))
     grad_gen = torch.Generator().manual_seed(100 + rank)
+    for p in params:  # the gradients belong to the framework's baseline
+        p.grad = torch.randn(p.shape, generator=grad_gen)
+    rss_baseline = resident_bytes()
+    opt = zenflow.ZenFlowAdamW(params, **_settings(args))
     rows: list[dict] = []
     keys = (
         "bytes_down",
@@ -127,7 +153,7 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     before = opt.stats()
     for step in range(args.warmup + args.steps):
         for p in params:
-            p.grad = torch.randn(p.shape, generator=grad_gen)
+            p.grad.normal_(generator=grad_gen)  # in place: the baseline's buffers
         with _CollectiveClock() as clock:
             start = time.perf_counter()
             opt.step()
@@ -144,6 +170,7 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     opt.flush()
     flush = time.perf_counter() - start
     final = opt.stats()
+    rss_optimizer = resident_bytes()
     opt.close()
     # The peer: what DDP pays for its gradient reduction alone, one all-reduce of the whole
     # gradient (fp32, the same bytes), timed in the same processes.
@@ -160,6 +187,9 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         "rows": rows,
         "flush_seconds": flush,
         "host_state_bytes": final["host_state_bytes"],
+        "device_bytes": final["device_bytes"],
+        "rss_baseline": rss_baseline,
+        "rss_optimizer": rss_optimizer,
         "windows": final["windows"],
     }
 
@@ -233,6 +263,9 @@ def main() -> None:
     parser.add_argument("--topk-ratio", type=float, default=0.1)
     parser.add_argument("--update-interval", type=int, default=4)
     parser.add_argument("--host-threads", type=int, default=1)
+    parser.add_argument(
+        "--bucket-mib", type=int, default=64, help="bucket_bytes in MiB (the engine's default: 64)"
+    )
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3])
@@ -324,6 +357,28 @@ def main() -> None:
                 f"| {world_size} | {1e3 * step:.1f} | {1e3 * sync:.1f} | {sync / step:.2f}x "
                 f"| {1e3 * stall:.2f} | {1e3 * sync_stall:.2f} |"
             )
+    if 1 in results:
+        one = results[1][0]
+        share_one = one["rss_optimizer"] - one["rss_baseline"]
+        summary += [
+            "",
+            "Memory per rank (VmRSS after the timed steps, with the optimizer; the baseline is the "
+            "model and its gradients before it). Target: RSS within 10% of baseline + "
+            "(1-rank RSS - 1-rank baseline) / N.",
+            "",
+            "| ranks | rank | baseline MiB | RSS MiB | optimizer's part MiB | host_state_bytes MiB "
+            "| engine 'device' memory MiB | target MiB | RSS vs target |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for world_size, ranks in results.items():
+            for rank, r in enumerate(ranks):
+                target = r["rss_baseline"] + share_one / world_size
+                summary.append(
+                    f"| {world_size} | {rank} | {r['rss_baseline'] * mib:.0f} | {r['rss_optimizer'] * mib:.0f} "
+                    f"| {(r['rss_optimizer'] - r['rss_baseline']) * mib:.0f} | {r['host_state_bytes'] * mib:.0f} "
+                    f"| {r['device_bytes'] * mib:.0f} | {target * mib:.0f} "
+                    f"| {100 * (r['rss_optimizer'] / target - 1):+.1f}% |"
+                )
     columns = args.layers * args.cols
     values = args.layers * args.rows * args.cols
     selection = [
@@ -337,7 +392,8 @@ def main() -> None:
         f"Data parallel on the host backend, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, zenflow {zenflow.__version__}: "
         f"{args.layers} fp32 matrices [{args.rows}, {args.cols}] + biases, topk_ratio {args.topk_ratio}, "
-        f"update_interval {args.update_interval}, overlap_step, {args.host_threads} host thread(s) per rank, "
+        f"update_interval {args.update_interval}, bucket_bytes {args.bucket_mib} MiB, overlap_step, "
+        f"{args.host_threads} host thread(s) per rank, "
         f"1 torch thread, {args.warmup} warm-up + {args.steps} timed steps, gloo.",
         "",
     ]

@@ -980,6 +980,54 @@ struct Stepper {
   }
 };
 
+// A rank's host memory is its share: nothing is allocated before the first step, and then
+// only this rank's columns (a whole-model allocation, resized down by set_collectives, kept
+// its capacity and touched pages: N ranks on a node held N whole states).
+TEST(EngineParallel, HostMemoryIsAllocatedAtFirstUseForThisRanksColumnsOnly) {
+  const int world = 3;
+  Model model;  // large enough that the state, not the per-rank records, is the memory
+  model.groups = {zf_engine_group{1e-2, 0.0, 0}};
+  for (int i = 0; i < 2; ++i) {
+    HostTensor t(ZF_DTYPE_F32, {64, 301});
+    for (int64_t e = 0; e < t.numel(); ++e) t.set(e, static_cast<float>((e * 37 + i) % 17) / 16.0f - 0.5f);
+    model.params.push_back(std::move(t));
+    model.param_groups.push_back(0);
+  }
+  const zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kF32, 0.1, 2, true, false, false});
+  const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, 2);
+  Model alone = model;
+  zenflow::Engine single(alone.tensors(), alone.param_groups, alone.groups, config);
+  EXPECT_EQ(zf::testing::host_memory_capacity(single.get()), 0u) << "allocated before the first step";
+  std::vector<HostTensor> mean = stream[0].mean;
+  single.step(tensors_of(mean), step_lrs(alone, 1));
+  const size_t whole = zf::testing::host_memory_capacity(single.get());
+  InProcessGroup group(world, 5.0);
+  std::vector<size_t> before(world), after(world);
+  std::vector<zf_engine_stats> stats(world);
+  std::vector<std::string> errors;
+  run_ranks_guarded(world, group, errors, [&](int r) {
+    Model mine = model;
+    zenflow::Engine engine(mine.tensors(), mine.param_groups, mine.groups, config);
+    const zf_engine_collectives c = group.collectives(r);
+    zenflow::check(zf_engine_set_collectives(engine.get(), &c));
+    before[static_cast<size_t>(r)] = zf::testing::host_memory_capacity(engine.get());
+    std::vector<HostTensor> g = stream[0].rank[static_cast<size_t>(r)];
+    engine.step(tensors_of(g), step_lrs(mine, 1));
+    after[static_cast<size_t>(r)] = zf::testing::host_memory_capacity(engine.get());
+    stats[static_cast<size_t>(r)] = engine.stats();
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  size_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(before[static_cast<size_t>(r)], 0u) << "rank " << r << " allocated before its first step";
+    EXPECT_GT(after[static_cast<size_t>(r)], 0u);
+    // Within the share: at most a third of the whole plus the per-rank records and padding.
+    EXPECT_LT(after[static_cast<size_t>(r)], whole / world + whole / 10) << "rank " << r;
+    total += after[static_cast<size_t>(r)];
+  }
+  EXPECT_LT(total, whole + whole / 5) << "the ranks together hold about one model's host memory";
+}
+
 // Rank 0 flushes while rank 1 steps (as a setting changed on one rank only would make it
 // rebuild its engine): both raise at once, nothing runs on either, and the run goes on as if
 // the calls had not been made.

@@ -247,6 +247,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   last_scatter_.reset();
   uploads_done_.reset();
   ensure_device_memory();
+  ensure_host_memory();
   initialized_ = true;
   schedule_.load(counters);
   // The device state is written on the host: in place (host backend) or into a copy that

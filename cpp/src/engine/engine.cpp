@@ -224,9 +224,7 @@ void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
           "the backend is replaced before the first step, with no device memory attached");
   const int lane_threads = lane_->threads();
   lane_.reset();  // no job refers to the old buffers
-  host_slots_ = PinnedBuffer();
-  upload_ = PinnedBuffer();
-  scalar_records_ = PinnedBuffer();
+  release_host_memory();  // pinned through the old backend
   backend_ = std::move(backend);
   buckets_.clear();
   setup_buckets_and_memory();
@@ -283,15 +281,12 @@ void Engine::setup_buckets_and_memory() {
     b.own_max_bytes += own_bytes;
     upload_bytes += own_bytes;
     slot_bytes_ = std::max(slot_bytes_, b.own_max_bytes);
-    const size_t elements = static_cast<size_t>(m.rows * m.own_cols);
-    m.master.resize(elements);
-    m.exp_avg.resize(elements);
-    m.exp_avg_sq.resize(elements);
-    m.acc[0].resize(elements);
-    m.acc[1].resize(elements);
-    m.steps.resize(static_cast<size_t>(m.own_cols));
     m.window_score.resize(2 * static_cast<size_t>(m.cols));
   }
+  // The host state and the pinned buffers are sized here and allocated at first use
+  // (ensure_host_memory): a data-parallel engine is re-planned for its rank's columns before
+  // that, so a rank's resident memory is its share, not the whole model's.
+  release_host_memory();
   // Device memory: compact state per matrix, dense state, the selections, the column sums
   // of every parameter, the step scalars, the statistics workspace, the staging ring, one
   // upload bucket.
@@ -359,13 +354,39 @@ void Engine::setup_buckets_and_memory() {
   upload_buffer_offset_ = take(slot_bytes_);
   offset = parallel_memory(offset);
   device_bytes_ = offset;
-  host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_bytes_ = upload_bytes;
-  upload_ = PinnedBuffer(backend_.get(), upload_bytes);
-  scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
   slot_jobs_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
   slot_copied_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
+}
+
+void Engine::release_host_memory() {
+  for (Matrix& m : matrices_) {
+    for (std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+      std::vector<float>().swap(*v);
+    std::vector<int32_t>().swap(m.steps);
+  }
+  host_slots_ = PinnedBuffer();
+  upload_ = PinnedBuffer();
+  scalar_records_ = PinnedBuffer();
+  host_memory_ready_ = false;
+}
+
+void Engine::ensure_host_memory() {
+  if (host_memory_ready_) return;
+  for (Matrix& m : matrices_) {
+    const size_t elements = static_cast<size_t>(m.rows * m.own_cols);
+    m.master.assign(elements, 0.0f);
+    m.exp_avg.assign(elements, 0.0f);
+    m.exp_avg_sq.assign(elements, 0.0f);
+    m.acc[0].assign(elements, 0.0f);
+    m.acc[1].assign(elements, 0.0f);
+    m.steps.assign(static_cast<size_t>(m.own_cols), 0);
+  }
+  host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
+  scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
+  host_memory_ready_ = true;
 }
 
 void Engine::attach_device_memory(void* memory, size_t bytes) {
@@ -399,6 +420,7 @@ void Engine::ensure_device_memory() {
 void Engine::initialize_state() {
   if (initialized_) return;
   ensure_device_memory();
+  ensure_host_memory();
   // Host masters from the weights: a pack with nothing selected writes W^T in fp32, which is
   // the host layout.
   // Of this rank's columns only: the pack skips the others.

@@ -139,6 +139,8 @@ class Engine {
   // before the first step or load, with no device memory attached.
   void replace_backend_for_testing(std::unique_ptr<Backend> backend);
   void synchronize_backend() { backend_->synchronize(); }
+  // Testing: the capacity of the host state and the pinned buffers, in bytes.
+  size_t host_memory_capacity() const;
   // Testing: the buckets as [first matrix, last matrix), dtype, bytes with nothing selected.
   struct BucketSpan {
     size_t first, last;
@@ -153,6 +155,11 @@ class Engine {
 
  private:
   void open_split_step(const double* lrs, size_t lr_count);
+  // The host state (this rank's columns) and the pinned buffers, allocated at first use and
+  // released when the plan changes (set_collectives, a new backend).
+  void ensure_host_memory();
+  void release_host_memory();
+  bool host_memory_ready_ = false;
   // The host lane, its thread bound to this engine's backend (Backend::bind_engine_thread).
   std::unique_ptr<HostLane> make_host_lane(int threads);
 

@@ -43,9 +43,6 @@ void Engine::set_collectives(const zf_engine_collectives* c) {
   // Re-plan the host buffers and device memory for this rank's columns; nothing uses them yet.
   const int lane_threads = lane_->threads();
   lane_.reset();
-  host_slots_ = PinnedBuffer();
-  upload_ = PinnedBuffer();
-  scalar_records_ = PinnedBuffer();
   buckets_.clear();
   set_ownership();
   setup_buckets_and_memory();

@@ -25,14 +25,27 @@ zf_engine_stats Engine::stats() const {
   }
   s.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
-  s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_.size() + host_slots_.size());
+  // What the engine holds once it has stepped (allocated at first use: ensure_host_memory).
+  const auto slots = static_cast<int64_t>(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  const auto records = static_cast<int64_t>((kScalarRecords + 1) * sizeof(StepScalars));
+  s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
   s.device_bytes = static_cast<int64_t>(device_bytes_);
-  s.pinned_host_bytes = static_cast<int64_t>(upload_.size() + host_slots_.size() + scalar_records_.size());
+  s.pinned_host_bytes = static_cast<int64_t>(upload_bytes_) + slots + records;
   s.collective_bytes_statistics = collective_stats_bytes_;
   s.collective_bytes_gradients = collective_gradient_bytes_;
   s.collective_bytes_upload = collective_upload_bytes_;
   return s;
+}
+
+size_t Engine::host_memory_capacity() const {
+  size_t bytes = host_slots_.size() + upload_.size() + scalar_records_.size();
+  for (const Matrix& m : matrices_) {
+    for (const std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+      bytes += v->capacity() * sizeof(float);
+    bytes += m.steps.capacity() * sizeof(int32_t);
+  }
+  return bytes;
 }
 
 void Engine::column_counts(int64_t* selected, int64_t* columns) const {

@@ -20,6 +20,9 @@ int host_lane_threads(const zf_engine* engine, size_t device = 0);
 void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend, size_t device = 0);
 // Waits for every lane of the engine's backends (the host lanes excluded).
 void synchronize_backend(zf_engine* engine);
+// Bytes of host memory the engine's host state and pinned buffers hold (their capacity),
+// over its devices: 0 before the first step or load, this rank's share after.
+size_t host_memory_capacity(const zf_engine* engine);
 // The engine's staging buckets: [first, last) in matrix order (matrices are the
 // parameters with ndim >= 2 outside dense groups, in parameter order), dtype, and the
 // packed bytes of a bucket with nothing selected.
