@@ -12,6 +12,7 @@ state dict and per-rank shards.
 from __future__ import annotations
 
 import contextlib
+import socket
 from typing import Any
 
 import torch
@@ -202,6 +203,15 @@ class DataParallel:
         # gloo and CUDA parameters: every collective goes through host copies (correct, and
         # slow: for tests, e.g. several ranks sharing one GPU); NCCL is the GPU path.
         self.staged = device.type == "cuda" and self.backend == "gloo"
+        self.ranks_per_host = self._ranks_on_this_host()
+
+    def _ranks_on_this_host(self) -> int:
+        """The group's ranks on this host, which share its cores (the engine's thread plan:
+        ranks_per_host). Asked of the group once (torchrun's LOCAL_WORLD_SIZE describes the
+        whole job, not necessarily this group)."""
+        names: list[Any] = [None] * self.world_size
+        dist.all_gather_object(names, socket.gethostname(), group=self.group)
+        return max(1, names.count(socket.gethostname()))
 
     def attach(self, engine: Any) -> None:
         """Makes `engine` a rank of the group and gives it its device memory (always, in data

@@ -23,7 +23,6 @@ from .config import (
     engine_config,
     settings_from_deepspeed,
 )
-from .cpu_adamw import default_num_threads
 from .distributed import DataParallel, column_range, consolidate_shards, resolve_group
 
 __all__ = ["ZenFlowAdamW", "format_stats", "stall_seconds"]
@@ -329,6 +328,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._no_sync_depth = 0
         self._split: dict | None = None  # the open split step of overlap_backward
         self._loss_scaled = False
+        self._torch_threads_before: int | None = None  # restored by close()
         if not isinstance(limit_torch_threads, bool):
             raise TypeError(
                 f"limit_torch_threads: expected a bool, got {type(limit_torch_threads).__name__}"
@@ -356,24 +356,19 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._limit_torch_threads()
 
     def _limit_torch_threads(self) -> None:
-        """Leaves torch the cores pt_reserved_cores_perc reserves for it: the engine's host
-        threads run in the background while torch computes, and torch's OpenMP workers
-        spin-wait at their barriers, so a core shared by both stalls every parallel region of
-        the model (measured: 2 torch threads beside a background update on 2 cores made a small
-        model's forward and backward several times slower). A synchronous configuration
-        (overlap_step off with update_interval 1, or topk_ratio 1) runs no host work beside
-        torch, so it leaves torch's threads alone and the engine's host update takes every core
-        while the step waits for it (the engine's own rule, engine.cpp runs_synchronously)."""
-        s = self._settings
-        if (not s["overlap_step"] and s["update_interval"] == 1) or s["topk_ratio"] >= 1.0:
-            return
-        cores = native().host_cpu_count()
-        host = self._settings["num_threads"] or default_num_threads(
-            self._settings["pt_reserved_cores_perc"]
-        )
-        reserved = max(1, cores - host)
-        if torch.get_num_threads() > reserved:
-            torch.set_num_threads(reserved)
+        """Applies the engine's thread plan to torch (engine.h: zf_engine_thread_plan_for):
+        torch's intra-op threads are lowered to the plan's framework_threads when above it,
+        and restored by close(). The engine's host threads run in the background while torch
+        computes, and torch's OpenMP workers spin-wait at their barriers, so a core shared by
+        both stalls every parallel region of the model (measured: 2 torch threads beside a
+        background update on 2 cores made a small model's forward and backward several times
+        slower); data-parallel ranks on one host share its cores. A synchronous configuration
+        leaves torch every core of the rank."""
+        plan = native().engine_thread_plan(self._engine_config((0.9, 0.999), 1e-8, "none"))
+        framework = int(plan["framework_threads"])
+        if torch.get_num_threads() > framework:
+            self._torch_threads_before = torch.get_num_threads()
+            torch.set_num_threads(framework)
 
     @classmethod
     def from_config(cls, params: Iterable, config: Any, **overrides: Any) -> ZenFlowAdamW:
@@ -478,10 +473,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     f"{groups[0]['betas']}, {groups[0]['eps']}"
                 )
         mode = self._loss_scaling_mode(layout)
-        config = engine_config(
-            self._settings, tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode
-        )
+        config = self._engine_config(tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode)
         return native().Engine(layout.params, layout.groups, config), mode
+
+    def _engine_config(self, betas: tuple, eps: float, loss_scaling: str) -> dict:
+        config = engine_config(self._settings, betas, eps, loss_scaling)
+        if self._parallel is not None:
+            config["ranks_per_host"] = self._parallel.ranks_per_host
+        return config
 
     def _rebuild_engine(self, state: dict | None = None) -> None:
         """A new engine for the current groups. Its state: `state` (engine format) when
@@ -558,11 +557,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return any(p.requires_grad and p.grad is not None for p in layout.frozen)
 
     def close(self) -> None:
-        """Joins the engine's host threads and frees its memory; later steps raise."""
+        """Joins the engine's host threads and frees its memory, and gives torch back the
+        intra-op threads construction took away (limit_torch_threads); later steps raise."""
         if self._overlap_handle is not None:
             self._overlap_handle.remove()
         if self._engine is not None:
             self._engine.close()
+        before, self._torch_threads_before = self._torch_threads_before, None
+        if before is not None:
+            torch.set_num_threads(before)
 
     # ---- the step ----
 

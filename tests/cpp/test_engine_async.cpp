@@ -6,6 +6,9 @@
 // being copied up: the weights then differ from the host backend's. Every run must match
 // the host backend bit for bit, whatever the interleaving.
 #include <gtest/gtest.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -990,10 +993,62 @@ namespace {
 
 // The automatic thread counts split the cores only when host work can run beside the
 // caller's compute; a synchronous configuration gives both lanes every core.
+// The published thread plan (zf_engine_thread_plan_for): data-parallel ranks on one host
+// share its cores, unless a launcher pinned each rank (its affinity is then its share).
+TEST(EngineThreads, ThePlanSharesTheHostsCoresAmongItsRanksUnlessTheyArePinned) {
+  zf_engine_config c = zf_engine_config_default();
+  zf_engine_thread_plan whole{};
+  ASSERT_EQ(zf_engine_thread_plan_for(&c, &whole), ZF_SUCCESS);
+  EXPECT_GE(whole.cores, 1);
+  EXPECT_EQ(whole.host_threads, std::max(1, whole.cores - whole.cores / 2));
+  EXPECT_EQ(whole.framework_threads, std::max(1, whole.cores - whole.host_threads));
+  c.ranks_per_host = 2;
+  zf_engine_thread_plan half{};
+  ASSERT_EQ(zf_engine_thread_plan_for(&c, &half), ZF_SUCCESS);
+  EXPECT_EQ(half.cores, std::max(1, whole.cores / 2));
+  c.ranks_per_host = 1000;
+  zf_engine_thread_plan crowded{};
+  ASSERT_EQ(zf_engine_thread_plan_for(&c, &crowded), ZF_SUCCESS);
+  EXPECT_EQ(crowded.cores, 1);
+  EXPECT_EQ(crowded.host_threads, 1);
+  EXPECT_EQ(crowded.framework_threads, 1);
+#if defined(__linux__)
+  if (whole.cores > 1) {
+    // This thread pinned to one CPU, as a launcher pins a rank: one core, not divided again.
+    int pinned_cores = 0, pinned_shared = 0;
+    std::thread pinned([&] {
+      cpu_set_t allowed, one;
+      CPU_ZERO(&one);
+      sched_getaffinity(0, sizeof(allowed), &allowed);
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &allowed)) continue;
+        CPU_SET(cpu, &one);
+        break;
+      }
+      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      zf_engine_config pinned_config = zf_engine_config_default();
+      zf_engine_thread_plan plan{};
+      zf_engine_thread_plan_for(&pinned_config, &plan);
+      pinned_cores = plan.cores;
+      pinned_config.ranks_per_host = 2;
+      zf_engine_thread_plan_for(&pinned_config, &plan);
+      pinned_shared = plan.cores;
+    });
+    pinned.join();
+    EXPECT_EQ(pinned_cores, 1);
+    EXPECT_EQ(pinned_shared, 1);
+  }
+#endif
+  c.ranks_per_host = -3;
+  EXPECT_EQ(zf_engine_thread_plan_for(&c, &whole), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("ranks_per_host"), std::string::npos) << zf_last_error();
+  EXPECT_EQ(zf_engine_thread_plan_for(nullptr, &whole), ZF_ERROR_INVALID_VALUE);
+}
+
 TEST(EngineThreads, AutomaticCountsSplitTheCoresOnlyWhenHostWorkOverlaps) {
   Model model = standard_model(ZF_DTYPE_F32, 3);
   const int cores = zf::host_cpu_count();
-  const int host_share = zf::reserved_split_thread_count(0.5);
+  const int host_share = zf::reserved_split_thread_count(cores, 0.5);
   struct Case {
     double topk;
     int64_t interval;

@@ -278,6 +278,9 @@ def _missing_gradient(rank: int, world_size: int, steps: int):
             opt.step()
             opt.zero_grad()
         out[mode] = [p.detach().clone() for p in model.parameters()]
+        # The ranks of this host share its cores: the engine's thread plan is per rank.
+        out["ranks_per_host"] = opt._parallel.ranks_per_host
+        out["plan"] = zenflow._C.engine_thread_plan(opt._engine_config((0.9, 0.999), 1e-8, "none"))
         opt.close()
     return out
 
@@ -586,6 +589,10 @@ def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path):
             assert torch.equal(a, b), f"rank {rank}, param {i}: None differs from explicit zeros"
     for a, b in zip(results[0]["none"], results[1]["none"]):
         assert torch.equal(a, b), "the ranks differ"
+    cores = zenflow.info()["host_cpus"]
+    for result in results:
+        assert result["ranks_per_host"] == 2
+        assert result["plan"]["cores"] == max(1, cores // 2)
 
 
 def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_path):

@@ -1138,8 +1138,28 @@ def test_a_synchronous_configuration_leaves_torch_its_threads(settings, synchron
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(8)
-        zenflow.ZenFlowAdamW([torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1, **settings)
-        limited = max(1, zenflow.info()["host_cpus"] - 1)
-        assert torch.get_num_threads() == (8 if synchronous else limited)
+        opt = zenflow.ZenFlowAdamW(
+            [torch.nn.Parameter(torch.zeros(4, 4))], num_threads=1, **settings
+        )
+        cores = zenflow.info()["host_cpus"]
+        # Synchronous: torch keeps every core (it is capped at the cores, not below).
+        assert torch.get_num_threads() == (min(8, cores) if synchronous else max(1, cores - 1))
+        opt.close()
+        assert torch.get_num_threads() == 8  # close() gives torch its threads back
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_engine_publishes_its_thread_plan_and_ranks_on_a_host_share_the_cores():
+    plan = zenflow._C.engine_thread_plan
+    cores = zenflow.info()["host_cpus"]
+    one = plan({})
+    assert one["cores"] == cores
+    assert one["host_threads"] == max(1, cores - cores // 2)  # pt_reserved_cores_perc 0.5
+    assert one["framework_threads"] == max(1, cores - one["host_threads"])
+    many = plan({"ranks_per_host": 4 * cores})  # more ranks than cores: one core each
+    assert many["cores"] == 1 and many["host_threads"] == 1 and many["framework_threads"] == 1
+    sync = plan({"topk_ratio": 0.0, "update_interval": 1, "overlap_step": False})
+    assert sync["framework_threads"] == sync["host_threads"] == sync["compute_threads"] == cores
+    with pytest.raises(ValueError, match="ranks_per_host"):
+        plan({"ranks_per_host": -1})

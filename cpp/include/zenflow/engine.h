@@ -115,7 +115,30 @@ typedef struct zf_engine_config {
   int32_t host_threads;               /* 0 = auto: the other cores (at least 1) */
   /* Both autos take every core when the configuration is synchronous (overlap_step 0 with
    * update_interval 1, or topk_ratio 1): then no host work runs beside the caller's compute. */
+  int32_t ranks_per_host; /* 1, >= 1 (since 0.1.0, 2026-12-05): processes of this job on this host
+                           * (data parallel: the local world size); see zf_engine_thread_plan_for */
 } zf_engine_config;
+
+/*
+ * The engine's thread plan: how many threads each of its lanes and the framework beside it
+ * (torch's intra-op pool) get. "This rank's cores" are the process's CPU affinity when it is
+ * narrower than the host (a launcher that pins each rank already split the cores), else the
+ * host's cores / ranks_per_host (at least 1). A configuration with host work beside the
+ * framework's compute gives the host lane max(1, cores - floor(cores * pt_reserved_cores_perc))
+ * and the framework and the compute lane the rest (at least 1); a synchronous one (see
+ * above) gives both lanes and the framework every core of the rank. Given thread counts
+ * (compute_threads, host_threads > 0) win. The engine uses this plan; a layer above applies
+ * framework_threads to its framework.
+ */
+typedef struct zf_engine_thread_plan {
+  int32_t cores;             /* this rank's cores */
+  int32_t compute_threads;   /* the compute lane (the host backend's device work) */
+  int32_t host_threads;      /* the host lane (accumulates, window updates) */
+  int32_t framework_threads; /* the framework's intra-op threads beside them */
+} zf_engine_thread_plan;
+
+/* The plan of `config` on this process (validated as zf_engine_create does). Since 0.1.0. */
+ZF_API zf_status zf_engine_thread_plan_for(const zf_engine_config* config, zf_engine_thread_plan* plan);
 
 /*
  * update_interval 0 ("auto"): per matrix with 0 < k < n, over the steps of the current window

@@ -14,6 +14,7 @@
 #if defined(__linux__)
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #endif
 
 namespace zf {
@@ -228,6 +229,14 @@ int host_cpu_count() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+int online_cpu_count() {
+#if defined(__linux__)
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > 0) return static_cast<int>(online);
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 namespace {
 
 std::atomic<int64_t> last_level_cache_override{0};
@@ -276,8 +285,7 @@ int default_thread_count() {
   return host_cpu_count();
 }
 
-int reserved_split_thread_count(double reserved_share) {
-  const int cores = host_cpu_count();
+int reserved_split_thread_count(int cores, double reserved_share) {
   return std::max(1, cores - static_cast<int>(std::floor(cores * reserved_share)));
 }
 

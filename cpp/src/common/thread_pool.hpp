@@ -111,11 +111,13 @@ bool global_parallel_runtime_is_set();
 // training thread waits inside them, and with it the framework's own threads), so they
 // may use the whole machine.
 int default_thread_count();
-// The split for work that overlaps the training loop (the engine's host lane): the framework
-// keeps floor(cores * reserved_share) cores (pt_reserved_cores_perc), zenflow takes the rest,
-// at least 1.
-int reserved_split_thread_count(double reserved_share);
+// The split of `cores` for work that overlaps the training loop (the engine's host lane):
+// the framework keeps floor(cores * reserved_share) cores (pt_reserved_cores_perc), zenflow
+// takes the rest, at least 1. The engine's thread plan (engine.h) applies it to a rank's cores.
+int reserved_split_thread_count(int cores, double reserved_share);
 int host_cpu_count();
+// The host's online CPUs, whatever this process's affinity (at least 1).
+int online_cpu_count();
 // Bytes of the largest CPU cache (the last level) as Linux reports it for CPU 0, read once;
 // 32 MiB where it is not reported.
 int64_t last_level_cache_bytes();

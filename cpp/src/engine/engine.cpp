@@ -66,6 +66,8 @@ void check_config(const zf_engine_config& c) {
           "config.compute_threads: must be in [0, ", max_threads, "] (0 = auto)");
   require(c.host_threads >= 0 && c.host_threads <= max_threads, ZF_ERROR_INVALID_VALUE,
           "config.host_threads: must be in [0, ", max_threads, "] (0 = auto)");
+  require(c.ranks_per_host >= 0 && c.ranks_per_host <= 65536, ZF_ERROR_INVALID_VALUE,
+          "config.ranks_per_host: must be in [1, 65536] (0 counts as 1), got ", c.ranks_per_host);
   zf_adam_hparams h{c.beta1, c.beta2, c.eps, ZF_ADAM_MODE_ADAMW};
   check_adam_hparams(&h);
 }
@@ -107,16 +109,36 @@ bool runs_synchronously(const zf_engine_config& c) {
 
 }  // namespace
 
-void automatic_thread_counts(const zf_engine_config& config, int* compute_threads, int* host_threads) {
-  // The automatic counts split the cores between the framework (and the compute lane) and the
-  // host lane only when host work can run beside the model's compute. A synchronous
-  // configuration waits for every host update inside its step, so both lanes take every core.
-  const int cores = host_cpu_count();
+void validate_config(const zf_engine_config& config) { check_config(config); }
+
+zf_engine_thread_plan thread_plan(const zf_engine_config& config) {
+  // This rank's cores: a launcher that pins each rank already split the host (the affinity is
+  // narrower than the host); otherwise the ranks on the host share its cores evenly, so that
+  // 8 ranks do not each start threads for every core.
+  const int affinity = host_cpu_count();
+  const int online = std::max(affinity, online_cpu_count());
+  const int ranks = std::max(1, config.ranks_per_host);
+  const int cores = affinity < online ? affinity : std::max(1, affinity / ranks);
+  // The cores are split between the framework (and the compute lane) and the host lane only
+  // when host work can run beside the model's compute. A synchronous configuration waits for
+  // every host update inside its step, so everything takes every core.
   const bool synchronous = runs_synchronously(config);
-  const int host_auto = synchronous ? cores : reserved_split_thread_count(config.pt_reserved_cores_perc);
-  *host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
-  const int compute_auto = synchronous ? cores : std::max(1, cores - host_auto);
-  *compute_threads = config.compute_threads > 0 ? config.compute_threads : compute_auto;
+  const int host_auto = synchronous ? cores : reserved_split_thread_count(cores, config.pt_reserved_cores_perc);
+  zf_engine_thread_plan plan{};
+  plan.cores = cores;
+  plan.host_threads = config.host_threads > 0 ? config.host_threads : host_auto;
+  // The framework and the compute lane (which runs while the framework waits for the step)
+  // take what the host lane leaves.
+  const int rest = synchronous ? cores : std::max(1, cores - host_auto);
+  plan.compute_threads = config.compute_threads > 0 ? config.compute_threads : rest;
+  plan.framework_threads = synchronous ? cores : std::max(1, cores - plan.host_threads);
+  return plan;
+}
+
+void automatic_thread_counts(const zf_engine_config& config, int* compute_threads, int* host_threads) {
+  const zf_engine_thread_plan plan = thread_plan(config);
+  *host_threads = plan.host_threads;
+  *compute_threads = plan.compute_threads;
 }
 
 Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
@@ -223,7 +245,7 @@ void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
   require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
           "the backend is replaced before the first step, with no device memory attached");
   const int lane_threads = lane_->threads();
-  lane_.reset();  // no job refers to the old buffers
+  lane_.reset();          // no job refers to the old buffers
   release_host_memory();  // pinned through the old backend
   backend_ = std::move(backend);
   buckets_.clear();

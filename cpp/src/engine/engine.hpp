@@ -46,6 +46,11 @@ struct EnginePart {
 // The automatic thread counts of an engine with this configuration (0 in the config: auto):
 // the compute lane's and the host lane's.
 void automatic_thread_counts(const zf_engine_config& config, int* compute_threads, int* host_threads);
+// zf_engine_thread_plan_for (engine.h): the one rule for every thread count of the engine and
+// the framework beside it.
+zf_engine_thread_plan thread_plan(const zf_engine_config& config);
+// Refuses a bad configuration with the field's name (zf_engine_create's checks).
+void validate_config(const zf_engine_config& config);
 
 class Engine {
  public:

@@ -116,7 +116,16 @@ ZF_API zf_engine_config zf_engine_config_default(void) {
   c.staging_slots = 4;
   c.compute_threads = 0;
   c.host_threads = 0;
+  c.ranks_per_host = 1;
   return c;
+}
+
+ZF_API zf_status zf_engine_thread_plan_for(const zf_engine_config* config, zf_engine_thread_plan* plan) {
+  return zf::api_call([&] {
+    zf::require(config != nullptr && plan != nullptr, ZF_ERROR_INVALID_VALUE, "config, plan: NULL");
+    zf::validate_config(*config);
+    *plan = zf::thread_plan(*config);
+  });
 }
 
 ZF_API zf_status zf_engine_create(const zf_tensor* params, const int32_t* param_groups, size_t param_count,

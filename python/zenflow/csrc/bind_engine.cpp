@@ -141,6 +141,8 @@ zf_engine_config parse_config(const py::dict& config) {
       c.compute_threads = static_cast<int32_t>(integer(value, name));
     } else if (key == "host_threads") {
       c.host_threads = static_cast<int32_t>(integer(value, name));
+    } else if (key == "ranks_per_host") {
+      c.ranks_per_host = static_cast<int32_t>(integer(value, name));
     } else {
       throw py::value_error("config: unknown key \"" + key + "\"");
     }
@@ -750,6 +752,23 @@ class PyEngine {
 }  // namespace
 
 void register_engine(py::module_& m) {
+  m.def(
+      "engine_thread_plan",
+      [](const py::object& config) {
+        const zf_engine_config c = config.is_none() ? zf_engine_config_default() : parse_config(config);
+        zf_engine_thread_plan plan{};
+        check(zf_engine_thread_plan_for(&c, &plan));
+        py::dict out;
+        out["cores"] = plan.cores;
+        out["compute_threads"] = plan.compute_threads;
+        out["host_threads"] = plan.host_threads;
+        out["framework_threads"] = plan.framework_threads;
+        return out;
+      },
+      py::arg("config") = py::none(),
+      "The engine's thread plan for a config dict (engine.h: zf_engine_thread_plan_for): this rank's cores, "
+      "the compute and host lanes' threads, and the framework's intra-op threads beside them.");
+
   py::class_<PyEngine>(m, "Engine", R"doc(
 The zenflow engine: the whole stall-free pipeline as one object (see docs/design.md).
 
