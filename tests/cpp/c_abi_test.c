@@ -767,7 +767,7 @@ static void check_engine_calls(void) {
   EXPECT(fabs(stats.selected_fraction - 0.4) < 1e-12);
 
   /* Checkpoint: layout query, save, a failed load, a good load. */
-  for (k = ZF_STATE_MASTER; k <= ZF_STATE_WINDOW_ENERGY; ++k)
+  for (k = ZF_STATE_MASTER; k <= ZF_STATE_ACCUMULATOR; ++k)
     EXPECT(strcmp(zf_engine_state_kind_name((zf_engine_state_kind)k), "unknown") != 0);
   EXPECT(strcmp(zf_engine_state_kind_name(ZF_STATE_EXP_AVG), "exp_avg") == 0);
   EXPECT(strcmp(zf_engine_state_kind_name((zf_engine_state_kind)99), "unknown") == 0);

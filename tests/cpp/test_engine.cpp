@@ -69,7 +69,7 @@ TEST(Engine, Bf16WithFp32MasterFollowsTheReference) {
     const std::vector<double>& want = ref.master(i);
     for (size_t e = 0; e < want.size(); ++e)
       worst = std::max(worst, std::fabs(master[e] - want[e]) / (2e-6 + 2e-5 * std::fabs(want[e])));
-    entry += model.matrix(i) ? 7 : 4;
+    entry += model.matrix(i) ? 8 : 4;
   }
   EXPECT_LE(worst, 1.0);
   EXPECT_GT(engine.stats().reselections, 0);

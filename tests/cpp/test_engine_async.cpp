@@ -265,6 +265,8 @@ struct RunOptions {
   int64_t update_interval = 3;
   bool clip = true;
   bool sync_every_step = true;  // false: the lanes run on across steps; only the end is kept
+  int64_t save_at = 0;           // > 0: a save (discarded) after this step
+  int64_t resume_at = 0;         // > 0: after this step, save, then a new engine loads it and goes on
   // Not empty: the parameters split into parts as on several devices (parts[i]: params[i]'s),
   // each part on its own backend (simulated ones share one world).
   std::vector<size_t> parts;
@@ -342,6 +344,18 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     } else {
       engine.step(g, step_lrs(model, t));
     }
+    if (t == o.save_at) (void)engine.save_state();  // a checkpoint must not change the run
+    if (t == o.resume_at) {
+      zenflow::EngineState state = engine.save_state();
+      zf::testing::synchronize_backend(engine.get());
+      const std::vector<HostTensor> params = model.params;  // the parameters saved beside it
+      engine.reset();                                       // the process ends
+      for (HostTensor& p : model.params)                    // a new process: other values
+        for (int64_t e = 0; e < p.numel(); ++e) p.set(e, 7.0f);
+      engine = make_engine(model, c, o);
+      engine.load_state(state);
+      model.params = params;  // restored after the optimizer (Trainer's order)
+    }
     if (!o.sync_every_step) continue;
     zf::testing::synchronize_backend(engine.get());
     out.push_back(model.params);
@@ -405,6 +419,39 @@ TEST(EngineLaneOrdering, Fp32WeightsAreTheirOwnMasterInAnyInterleaving) {
     expect_same(reference, trajectory(o), "fp32 model, simulated asynchronous backend");
   }
 }
+
+// A checkpoint does not change the run, and a resume from it is the uninterrupted run, bit
+// for bit: at every position inside a window (windows of 3, 13 steps, re-selections every 4),
+// overlap on and off, whole and split steps, an fp16 overflow step, clipping, fixed and auto
+// windows; on the host backend and on the simulated asynchronous one.
+class EngineCheckpointMidWindow : public ::testing::TestWithParam<std::tuple<bool, bool, bool, int64_t>> {};
+
+TEST_P(EngineCheckpointMidWindow, SavingChangesNothingAndResumingIsTheUninterruptedRun) {
+  RunOptions o;
+  std::tie(o.overlap, o.split, o.fp16_overflow, o.update_interval) = GetParam();
+  const auto reference = trajectory(o);
+  for (const bool simulated : {false, true}) {
+    o.simulated = simulated;
+    o.seed = 5;
+    o.eagerness = 30;
+    for (int64_t at = 1; at <= 12; ++at) {
+      o.save_at = at;
+      o.resume_at = 0;
+      expect_same(reference, trajectory(o), simulated ? "saved, simulated device" : "saved");
+      o.save_at = 0;
+      o.resume_at = at;
+      expect_same(reference, trajectory(o), simulated ? "resumed, simulated device" : "resumed");
+      if (HasFatalFailure()) {
+        ADD_FAILURE() << "at step " << at;
+        return;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflowInterval, EngineCheckpointMidWindow,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(int64_t{3}, int64_t{0})));
 
 TEST(EngineLaneOrdering, WarmUpAndIntervalOneEveryStepThroughTheRing) {
   RunOptions o;

@@ -320,7 +320,8 @@ void check_and_sum_rank_saves(const Model& model, const std::vector<const zenflo
       const bool matrix = model.matrix(param);
       const int64_t n = model.params[param].cols();
       const bool per_column = matrix && (e.kind == ZF_STATE_MASTER || e.kind == ZF_STATE_EXP_AVG ||
-                                         e.kind == ZF_STATE_EXP_AVG_SQ || e.kind == ZF_STATE_STEPS);
+                                         e.kind == ZF_STATE_EXP_AVG_SQ || e.kind == ZF_STATE_STEPS ||
+                                         e.kind == ZF_STATE_ACCUMULATOR);
       const size_t count = entry_elements(e);
       const uint32_t* bits = static_cast<const uint32_t*>(s.data(k));
       ASSERT_TRUE(e.dtype == ZF_DTYPE_F32 || e.dtype == ZF_DTYPE_I32) << label;
@@ -808,6 +809,50 @@ TEST(EngineParallel, CheckpointOfTwoRanksSumsToTheSingleStateAndResumesOnThreeRa
   if (HasFatalFailure()) return;
   expect_states_close(full3, single.saves[0], "three ranks' summed save against the single engine's");
   EXPECT_EQ(three.timeouts() + two.timeouts(), 0);
+}
+
+// A checkpoint does not change a data-parallel run, and two ranks resumed from it (the
+// ranks' partial saves summed) continue it bit for bit, wherever in a window it falls.
+TEST(EngineParallel, ASaveAnywhereInAWindowChangesNothingAndTwoRanksResumeBitForBit) {
+  const Model model = parallel_model(Dtypes::kMixed);
+  const TrajectoryCase c{2, Dtypes::kMixed, 0.3, 3, true, true, false};
+  const zf_engine_config config = parallel_config(c);
+  const int64_t steps = 9;
+  const std::vector<StepGrads> stream = make_grad_stream(model, 2, 1, steps);
+  InProcessGroup whole_group(2);
+  const std::vector<RankRun> uninterrupted = run_parallel(model, config, whole_group, stream, RunOptions{});
+  ASSERT_EQ(uninterrupted[0].error, "");
+  for (int64_t at = 1; at < steps; ++at) {
+    const std::string label = "save after step " + std::to_string(at);
+    const std::vector<StepGrads> first(stream.begin(), stream.begin() + at);
+    const std::vector<StepGrads> rest(stream.begin() + at, stream.end());
+    InProcessGroup first_group(2);
+    RunOptions save_options;
+    save_options.save_at_end = true;
+    const std::vector<RankRun> before = run_parallel(model, config, first_group, first, save_options);
+    ASSERT_EQ(before[0].error + before[1].error, "") << label;
+    zenflow::EngineState full;
+    check_and_sum_rank_saves(model, {&before[0].saves[0], &before[1].saves[0]}, full, label);
+    if (HasFatalFailure()) return;
+    Model resumed = model;
+    resumed.params = before[0].params_after_save;  // the save changed nothing: the run's weights
+    for (size_t i = 0; i < model.params.size(); ++i)
+      ASSERT_TRUE(resumed.params[i].bitwise_equal(uninterrupted[0].params[static_cast<size_t>(at - 1)][i]))
+          << label << ": the save changed param " << i;
+    RunOptions load_options;
+    load_options.first_step = at + 1;
+    load_options.load = &full;
+    InProcessGroup rest_group(2);
+    const std::vector<RankRun> after = run_parallel(resumed, config, rest_group, rest, load_options);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(after[static_cast<size_t>(r)].error, "") << label;
+      for (size_t s2 = 0; s2 < rest.size(); ++s2)
+        for (size_t i = 0; i < model.params.size(); ++i)
+          ASSERT_TRUE(after[static_cast<size_t>(r)].params[s2][i].bitwise_equal(
+              uninterrupted[static_cast<size_t>(r)].params[static_cast<size_t>(at) + s2][i]))
+              << label << ", rank " << r << ", step " << at + 1 + static_cast<int64_t>(s2) << ", param " << i;
+    }
+  }
 }
 
 // ---- failures ----

@@ -380,11 +380,22 @@ ZF_API zf_status zf_engine_loss_scale(const zf_engine* engine, double* loss_scal
  *   WINDOW_SCORE (matrix only)   f32 [2, n]: column scores summed over the previous and the
  *                                current window (selection_score WINDOW);
  *   WINDOW_ENERGY (matrix only)  f32 [2]: the auto interval's selected / deferred sums of
- *                                column norms over the current window.
+ *                                column norms over the current window;
+ *   ACCUMULATOR (matrix only)    f32 in the parameter's shape: the deferred columns'
+ *                                gradients summed over the open window (since 0.1.0,
+ *                                2026-12-05; zeros in a state saved before).
+ * With the counters STEPS_ACCUMULATED and UPDATE_PENDING it is the whole state of the
+ * pipeline at a step boundary: saving closes no window and lands no host update (it waits
+ * for the host lane's running work), so a run that saves equals one that does not, and a
+ * run resumed from the state (with the parameters saved beside it) equals the uninterrupted
+ * run, bit for bit. A pending host result (a window's update, computed, not yet applied to
+ * the parameters, which lag by it) is its MASTER columns; it is applied at the next window
+ * close as it would have been.
  * It does not depend on which columns sit where: it loads into an engine with another
- * topk_ratio (a selection that does not fit is redone at the next step), thread count or
- * backend. The parameters' own values are not part of it (restore them as for any
- * optimizer: a bf16 parameter with an fp32 master equals its master rounded).
+ * topk_ratio (a selection that does not fit is redone at the next step), thread count,
+ * backend or world size. The parameters' own values are not part of it (restore them as for
+ * any optimizer: a bf16 parameter with an fp32 master equals its master rounded, except for
+ * a pending host result's columns, which the parameters get at the next window close).
  */
 typedef enum zf_engine_state_kind {
   ZF_STATE_MASTER = 0,
@@ -393,7 +404,8 @@ typedef enum zf_engine_state_kind {
   ZF_STATE_STEPS = 3,
   ZF_STATE_SELECTED = 4,
   ZF_STATE_WINDOW_SCORE = 5,
-  ZF_STATE_WINDOW_ENERGY = 6
+  ZF_STATE_WINDOW_ENERGY = 6,
+  ZF_STATE_ACCUMULATOR = 7
 } zf_engine_state_kind;
 
 /* The entry's name as the Python state_dict spells it ("master", "exp_avg", ...);
@@ -419,14 +431,18 @@ enum {
   ZF_COUNTER_HAS_PREVIOUS_WINDOW = 5,
   ZF_COUNTER_GROWTH_TRACKER = 6, /* consecutive good steps of the loss scaler */
   ZF_COUNTER_SKIPPED = 7,        /* skipped steps */
-  ZF_ENGINE_STATE_COUNTERS = 8
+  ZF_COUNTER_STEPS_ACCUMULATED = 8, /* steps summed in the ACCUMULATOR entries (since 0.1.0) */
+  ZF_COUNTER_UPDATE_PENDING = 9,    /* 1: a host result waits for the next window close */
+  ZF_ENGINE_STATE_COUNTERS = 10
 };
 
 /* Query-then-run: with entries == NULL, *count receives the number of entries; otherwise
  * *count must hold at least that many and entries receives them. */
 ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state_entry* entries, size_t* count);
-/* Flushes, then writes the state into `count` caller buffers (CPU tensors matching the
- * layout entry by entry), the counters and the loss scale. Data parallel: each rank writes
+/* Waits for the host lane's running work (it closes no window and applies no host result:
+ * the run goes on as if nothing was saved), then writes the state into `count` caller
+ * buffers (CPU tensors matching the layout entry by entry), the counters and the loss
+ * scale. Data parallel: each rank writes
  * what it owns (its columns of every matrix; rank 0 also the dense parameters, the
  * selections and the window entries) and zeros elsewhere, so the element-wise sum of the
  * ranks' buffers is the whole state (what one engine would save). The counters and the loss
@@ -436,7 +452,8 @@ ZF_API zf_status zf_engine_save_state(zf_engine* engine, const zf_tensor* buffer
 /* Validates everything first (a state of another model fails with INVALID_VALUE naming the
  * entry and changes nothing), then waits for the host lane, replaces the whole state and
  * clears a sticky error. Data parallel: every rank loads the whole state (of any world size)
- * and keeps what it owns; no collective runs. */
+ * and keeps what it owns; the ranks agree first, so a state one rank refuses is refused by
+ * all. */
 ZF_API zf_status zf_engine_load_state(zf_engine* engine, const zf_tensor* buffers, size_t count,
                                       const int64_t* counters, double loss_scale);
 

@@ -1,6 +1,7 @@
 // The checkpoint (zenflow/engine.h): the state in the parameters' own layout, independent of
-// which columns sit on which side. Save flushes first; load validates everything before it
-// changes anything.
+// which columns sit on which side. Save waits for the host lane and changes nothing (the open
+// window's accumulators and a pending host result are part of the state); load validates
+// everything before it changes anything.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -60,6 +61,7 @@ std::vector<zf_engine_state_entry> Engine::layout_entries(bool group_names) cons
     out.push_back(entry(name, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
     out.push_back(entry(name, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
     out.push_back(entry(name, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
+    out.push_back(entry(name, ZF_STATE_ACCUMULATOR, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
   }
   return out;
 }
@@ -67,7 +69,12 @@ std::vector<zf_engine_state_entry> Engine::layout_entries(bool group_names) cons
 void Engine::save_state(const zf_tensor* buffers, size_t count, int64_t* counters, double* loss_scale) {
   agree(Agreement::kSave, [&] { check_save_arguments(buffers, count, counters, loss_scale); });
   initialize_state();
-  flush_on_every_rank();
+  {
+    // Data parallel: a failure found while waiting is agreed on below, with the others.
+    const ParallelStepScope scope(*this);
+    quiesce_host_lane();
+  }
+  agree(Agreement::kSave, [&] { check_usable(); });
   write_state(buffers, counters, loss_scale);
 }
 
@@ -132,8 +139,10 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     const Matrix& m = matrices_[p.index];
     const int64_t rows = m.rows, cols = m.cols, k = static_cast<int64_t>(m.selected.size());
     const int64_t lo = m.own_lo, hi = m.own_lo + m.own_cols;
+    float* accumulator = static_cast<float*>(buffers[e + 7].data);
+    const std::vector<float>& acc = m.acc[acc_current_];  // the open window's (the other is zero)
     if (parallel()) {  // the columns of other ranks: zeros
-      for (size_t b = e; b < e + 7; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
+      for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
     for (int64_t j = lo; j < hi; ++j) {  // host layout [own_cols, rows] -> [rows, cols]
       const int64_t local = j - lo;
@@ -141,6 +150,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
         master[r * cols + j] = m.master[local * rows + r];
         exp_avg[r * cols + j] = m.exp_avg[local * rows + r];
         exp_avg_sq[r * cols + j] = m.exp_avg_sq[local * rows + r];
+        accumulator[r * cols + j] = acc[local * rows + r];
       }
       steps[j] = m.steps[local];
     }
@@ -160,11 +170,13 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
       std::copy(m.window_score.begin(), m.window_score.end(), static_cast<float*>(buffers[e + 5].data));
       std::copy(m.energy, m.energy + 2, static_cast<float*>(buffers[e + 6].data));
     }
-    e += 7;
+    e += 8;
   }
   schedule_.save(counters);
   counters[ZF_COUNTER_GROWTH_TRACKER] = growth_tracker_;
   counters[ZF_COUNTER_SKIPPED] = skipped_steps_;
+  counters[ZF_COUNTER_STEPS_ACCUMULATED] = steps_accumulated_;
+  counters[ZF_COUNTER_UPDATE_PENDING] = update_pending_ ? 1 : 0;
   *loss_scale = loss_scale_;
 }
 
@@ -220,6 +232,10 @@ void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const 
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_GROWTH_TRACKER}, "]: out of range");
   require(counters[ZF_COUNTER_SKIPPED] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_SKIPPED},
           "]: negative");
+  require(counters[ZF_COUNTER_STEPS_ACCUMULATED] >= 0 && counters[ZF_COUNTER_STEPS_ACCUMULATED] < INT32_MAX,
+          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_STEPS_ACCUMULATED}, "]: steps accumulated out of range");
+  require(counters[ZF_COUNTER_UPDATE_PENDING] == 0 || counters[ZF_COUNTER_UPDATE_PENDING] == 1,
+          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_UPDATE_PENDING}, "]: must be 0 or 1");
   require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
 }
 
@@ -284,7 +300,11 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
       }
       m.steps[local] = steps[j];
     }
-    std::fill(m.acc[0].begin(), m.acc[0].end(), 0.0f);
+    const auto* accumulator = static_cast<const float*>(buffers[e + 7].data);
+    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {  // the open window's sums
+      const int64_t local = j - m.own_lo;
+      for (int64_t r = 0; r < rows; ++r) m.acc[0][local * rows + r] = accumulator[r * cols + j];
+    }
     std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
     const zf_tensor& sel = buffers[e + 4];
     const auto* saved = static_cast<const int32_t*>(sel.data);
@@ -310,7 +330,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
     }
     std::copy_n(static_cast<const float*>(buffers[e + 5].data), 2 * cols, m.window_score.begin());
     std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
-    e += 7;
+    e += 8;
   }
   if (!mirror.empty()) upload(device_, mirror.data(), device_state_bytes_);
   for (Matrix& m : matrices_) upload_selection(m);
@@ -319,12 +339,41 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   skipped_steps_ = counters[ZF_COUNTER_SKIPPED];
   loss_scale_ = config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? loss_scale : 1.0;
   acc_current_ = 0;
-  steps_accumulated_ = 0;
-  update_pending_ = false;
+  steps_accumulated_ = counters[ZF_COUNTER_STEPS_ACCUMULATED];
+  update_pending_ = counters[ZF_COUNTER_UPDATE_PENDING] != 0;
   next_slot_ = 0;
   sticky_ = false;
   sticky_message_.clear();
   rebuild_plans();
+  // A pending host result is the deferred columns' master: its upload copy is rebuilt, and
+  // the next window close applies it as it would have been.
+  if (update_pending_) {
+    for (Matrix& m : matrices_) write_upload_from_master(m);
+  }
+}
+
+void Engine::write_upload_from_master(Matrix& m) {
+  // U holds this rank's deferred columns, ascending, each column's rows contiguous, in the
+  // parameter's dtype, rounded as the host update rounds its output.
+  const zf_dtype dtype = params_[m.param].tensor.dtype;
+  uint8_t* out = upload_.data() + m.upload_offset;
+  size_t next_selected = 0, position = 0;
+  for (int64_t local = 0; local < m.own_cols; ++local) {
+    if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
+      ++next_selected;
+      continue;
+    }
+    for (int64_t r = 0; r < m.rows; ++r, ++position) {
+      const float value = m.master[static_cast<size_t>(local * m.rows + r)];
+      if (dtype == ZF_DTYPE_BF16) {
+        reinterpret_cast<uint16_t*>(out)[position] = f32_to_bf16(value);
+      } else if (dtype == ZF_DTYPE_F16) {
+        reinterpret_cast<uint16_t*>(out)[position] = f32_to_f16(value);
+      } else {
+        reinterpret_cast<float*>(out)[position] = value;
+      }
+    }
+  }
 }
 
 }  // namespace zf
@@ -348,6 +397,8 @@ extern "C" ZF_API const char* zf_engine_state_kind_name(zf_engine_state_kind kin
       return "window_score";
     case ZF_STATE_WINDOW_ENERGY:
       return "window_energy";
+    case ZF_STATE_ACCUMULATOR:
+      return "accumulator";
     default:
       return "unknown";
   }

@@ -160,6 +160,8 @@ class Engine {
 
  private:
   void open_split_step(const double* lrs, size_t lr_count);
+  // Waits for the host lane's accumulates and running update without applying anything (save).
+  void quiesce_host_lane();
   // The host state (this rank's columns) and the pinned buffers, allocated at first use and
   // released when the plan changes (set_collectives, a new backend).
   void ensure_host_memory();
@@ -305,6 +307,8 @@ class Engine {
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
+  // A loaded pending host result: matrix m's upload copy from its host master.
+  void write_upload_from_master(Matrix& m);
   // parallel.cpp (data parallel; each a no-op on one engine)
   bool parallel() const { return world_ > 1; }
   void set_ownership();

@@ -525,6 +525,16 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   bytes_down_ += static_cast<int64_t>(b.packed_bytes);
 }
 
+void Engine::quiesce_host_lane() {
+  // The accumulates of the last step's slots complete the open window's sums; the running
+  // update completes the pending host result (inflight_ is then done: the next close applies
+  // it without waiting). Nothing is closed or applied, so the run goes on unchanged.
+  double ignored = 0.0;
+  wait_all_slots(&ignored);
+  if (inflight_) wait_job(inflight_, &ignored);
+  check_recorded_scalars(true);
+}
+
 void Engine::wait_all_slots(double* stall) {
   for (auto& job : slot_jobs_) {
     if (job) wait_job(job, stall);
