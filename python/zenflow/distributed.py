@@ -335,7 +335,7 @@ def consolidate_shards(shards: Any) -> dict[str, Any]:
         rows = shape[0]
         full = {
             key: torch.zeros((rows, columns), dtype=torch.float32)
-            for key in ("master", "exp_avg", "exp_avg_sq")
+            for key in ("master", "exp_avg", "exp_avg_sq", "accumulator")
         }
         full["steps"] = torch.zeros(columns, dtype=torch.int32)
         step = 0.0
@@ -355,15 +355,18 @@ def consolidate_shards(shards: Any) -> dict[str, Any]:
                     f"at {covered} (of {columns})"
                 )
             covered = hi
-            for key in ("master", "exp_avg", "exp_avg_sq", "steps"):
+            for key in ("master", "exp_avg", "exp_avg_sq", "steps", "accumulator"):
                 want = (rows, hi - lo) if key != "steps" else (hi - lo,)
+                if key == "accumulator" and key not in part:
+                    continue  # a shard saved before the accumulators were part of the state
                 if key not in part or tuple(part[key].shape) != want:
                     raise ValueError(
                         f"shards[{i}]['state'][{index}][{key!r}]: expected shape {want} "
                         "(shards of another model)"
                     )
-            for key in ("master", "exp_avg", "exp_avg_sq"):
-                full[key][:, lo:hi] = part[key]
+            for key in ("master", "exp_avg", "exp_avg_sq", "accumulator"):
+                if key in part:
+                    full[key][:, lo:hi] = part[key]
             full["steps"][lo:hi] = part["steps"]
             step = max(step, float(part["step"]))
         if covered != columns:
@@ -371,7 +374,7 @@ def consolidate_shards(shards: Any) -> dict[str, Any]:
                 f"shards: matrix {index} has columns [{covered}, {columns}) in no shard"
             )
         entry = state.setdefault(index, {})
-        for key in ("master", "exp_avg", "exp_avg_sq"):
+        for key in ("master", "exp_avg", "exp_avg_sq", "accumulator"):
             entry[key] = full[key].reshape(shape)
         entry["steps"] = full["steps"]
         entry["step"] = torch.tensor(step)

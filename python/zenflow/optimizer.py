@@ -37,6 +37,7 @@ _MATRIX_KEYS = (
     "selected",
     "window_score",
     "window_energy",
+    "accumulator",
 )
 _DENSE_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps")
 _INT_KEYS = ("steps", "selected")
@@ -48,7 +49,10 @@ _SCHEDULE_KEYS = (
     "selections",
     "has_previous_window",
     "skipped",
+    "steps_accumulated",
+    "update_pending",
 )
+_WINDOW_KEYS = ("steps_accumulated", "update_pending")
 # torch.optim.AdamW's group flags that have no meaning here, and the values we can honour.
 _TORCH_ADAMW_FLAGS = {
     "amsgrad": False,
@@ -73,7 +77,13 @@ def _entry_shapes(p: torch.Tensor, matrix: bool) -> dict[str, tuple[int, ...]]:
         shapes["steps"] = (1,)
         return shapes
     n = _columns(p)
-    shapes.update(steps=(n,), selected=(0,), window_score=(2, n), window_energy=(2,))
+    shapes.update(
+        steps=(n,),
+        selected=(0,),
+        window_score=(2, n),
+        window_energy=(2,),
+        accumulator=tuple(p.shape),
+    )
     return shapes
 
 
@@ -203,7 +213,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     torch.optim.lr_scheduler work unchanged: the host update of a window uses the lr of the
     window's last step) and `weight_decay`; `betas` and `eps` are shared by all groups.
     Changing a group's `weight_decay`, `betas`, `eps` or `zenflow` flag, or calling
-    `add_param_group`, takes effect at the next step at the cost of one `flush()`.
+    `add_param_group`, takes effect at the next step: a new engine is built and given the
+    old one's state (the open window and a pending host result included, nothing flushed).
     Parameters that do not require grad are left alone; one that starts requiring grad
     joins (with fresh state) at the first step where it has a gradient. A parameter that
     requires grad but has no gradient in a step (`grad is None`) steps with a zero gradient,
@@ -242,11 +253,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     accumulation, every micro-batch's backward but the last runs inside ``opt.no_sync()``
     (as with DDP), so that only the last one submits.
 
-    Checkpoints. `state_dict()` flushes, then returns tensors and plain Python values in
-    torch's layout ({"state", "param_groups"} plus a "zenflow" entry with the schedule and
-    the loss scaler): torch.save and torch.distributed.checkpoint round-trip it. It loads
-    into an optimizer of the same model with another topk_ratio, thread count or backend; a
-    torch.optim.AdamW state dict loads too. Loading continues the exact trajectory.
+    Checkpoints. `state_dict()` returns tensors and plain Python values in torch's layout
+    ({"state", "param_groups"} plus a "zenflow" entry with the schedule and the loss
+    scaler): torch.save and torch.distributed.checkpoint round-trip it. It changes nothing:
+    a run that calls it (for a checkpoint, logging, an EMA) equals one that does not, and a
+    run resumed from it with the model's own state_dict() (loaded before or after the
+    optimizer) equals the uninterrupted run, bit for bit. Between flushes the deferred
+    columns of the parameters lag by a window, in the run as in the checkpoint: call
+    `flush()` where exact weights are needed (an export, a final evaluation). The state
+    loads into an optimizer of the same model with another topk_ratio, thread count, backend
+    or world size; a torch.optim.AdamW state dict loads too.
 
     Data parallel. When torch.distributed is initialised (or `process_group` is given), the
     optimizer is one rank of a data-parallel run over `process_group` (None: the default
@@ -484,7 +500,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _rebuild_engine(self, state: dict | None = None) -> None:
         """A new engine for the current groups. Its state: `state` (engine format) when
-        given, else the current engine's (flushed, carried over by parameter identity), with
+        given, else the current engine's (carried over by parameter identity), with
         fresh state for parameters the old engine did not hold. Nothing changes on failure."""
         layout = _Layout(self.param_groups)
         if state is None and self._engine is not None:
@@ -527,7 +543,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _carry_over(self, layout: _Layout) -> dict:
         old_layout = self._layout
-        old = self._engine_state()  # flushes
+        old = self._engine_state()
         entries = []
         for i, p in enumerate(layout.params):
             j = old_layout.index_of.get(id(p))
@@ -544,7 +560,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return {"params": entries, "schedule": old["schedule"], "loss_scaler": old["loss_scaler"]}
 
     def _engine_state(self) -> dict:
-        """The engine's whole state (flushed): in data parallel, the ranks' partial saves
+        """The engine's whole state (nothing flushed): in data parallel, the ranks' partial saves
         summed over the group."""
         saved = self._engine_on_stream().state_dict()
         if self._parallel is not None:
@@ -892,14 +908,22 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Flushes, then returns the whole optimizer state in torch's layout: "state" maps a
-        parameter's index to its float32 master, exp_avg, exp_avg_sq (the parameter's
-        shape), per-column int32 "steps" (a matrix) or one step count, a matrix's "selected"
-        columns as a bool mask [n] (one shape whatever the selection, as
-        torch.distributed.checkpoint needs) and its auto-interval statistics, plus torch's
-        scalar "step"; "param_groups" as
-        torch's; "zenflow" the schedule counters and the loss scaler. The layout does not
-        depend on which columns were selected or where the state lived."""
+        """The whole optimizer state in torch's layout: "state" maps a parameter's index to
+        its float32 master, exp_avg, exp_avg_sq (the parameter's shape), per-column int32
+        "steps" (a matrix) or one step count, a matrix's "selected" columns as a bool mask
+        [n] (one shape whatever the selection, as torch.distributed.checkpoint needs), its
+        auto-interval statistics and the open window's "accumulator" (the deferred
+        gradients summed so far), plus torch's scalar "step"; "param_groups" as torch's;
+        "zenflow" the schedule counters (the open window's and whether a host result waits
+        to be applied included) and the loss scaler. The layout does not depend on which
+        columns were selected or where the state lived.
+
+        It changes nothing: it waits for the host threads' running work but closes no
+        window and applies no pending result, so a run that calls it equals one that does
+        not, and a run resumed from it (with the model's parameters saved beside it, loaded
+        before or after the optimizer) equals the uninterrupted run, bit for bit. The
+        parameters themselves lag by the deferred columns' last window (as they do in the
+        run); flush() makes them exact, for an export or an evaluation."""
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
         out = self._torch_state(self._engine_state())
@@ -910,13 +934,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return out
 
     def sharded_state_dict(self) -> dict[str, Any]:
-        """Flushes, then returns this rank's part of the state: state_dict()'s layout, where a
+        """This rank's part of the state (changing nothing, as state_dict()): its layout, where a
         matrix's master, exp_avg and exp_avg_sq hold only the columns this rank owns
         ([rows, columns it owns]; rank r of N owns columns [r*n/N, (r+1)*n/N) of a matrix of n
-        = shape[1:] columns) and its "steps" theirs; rank 0's shard also holds the
+        = shape[1:] columns), and so does its accumulator, its "steps" theirs; rank 0's shard also holds the
         dense parameters, the selections and the auto-interval statistics.
         ["zenflow"]["shard"] names the rank, the world size and each matrix's (shape,
-        columns), ["ranges"] the columns [first, stop) it holds. No collective moves state (every rank calls it: the flush is collective).
+        columns), ["ranges"] the columns [first, stop) it holds. No collective moves state
+        (every rank calls it: the ranks agree on the save).
         load_sharded_state_dict takes the list of every rank's shard; in a single process the
         one shard holds everything."""
         saved = self._engine_on_stream().state_dict()
@@ -937,7 +962,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             lo, hi = column_range(columns, rank, world_size)
             part = {
                 key: entry[key].reshape(rows, columns)[:, lo:hi].clone()
-                for key in ("master", "exp_avg", "exp_avg_sq")
+                for key in ("master", "exp_avg", "exp_avg_sq", "accumulator")
             }
             part["steps"] = entry["steps"][lo:hi].clone()
             part["step"] = torch.tensor(float(part["steps"].max()) if hi > lo else 0.0)
@@ -1060,7 +1085,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             else:
                 entries.append(self._torch_entry(saved, p, layout.matrix[i], name))
         if zenflow_state is not None:
-            schedule = {key: int(zenflow_state["schedule"][key]) for key in _SCHEDULE_KEYS}
+            saved_schedule = zenflow_state["schedule"]
+            # the two counters of the open window are absent from a state saved (flushed)
+            # before they existed: 0
+            schedule = {
+                key: int(saved_schedule.get(key, 0) if key in _WINDOW_KEYS else saved_schedule[key])
+                for key in _SCHEDULE_KEYS
+            }
             scaler = dict(zenflow_state["loss_scaler"])
         else:
             steps = [int(e["steps"].max()) for e in entries if e["steps"].numel()]
@@ -1087,8 +1118,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         shapes = _entry_shapes(p, matrix)
         for key in _MATRIX_KEYS if matrix else _DENSE_KEYS:
             if key not in saved:
-                if key in ("selected", "window_score", "window_energy"):
-                    continue  # a parameter that was dense when saved: fresh below
+                if key in ("selected", "window_score", "window_energy", "accumulator"):
+                    # a parameter that was dense when saved, or a state saved before the
+                    # accumulators were part of it (it was flushed): fresh below
+                    continue
 
                 raise ValueError(
                     f"{name}: missing {key!r} (the state of another model or optimizer)"

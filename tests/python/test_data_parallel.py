@@ -285,6 +285,45 @@ def _missing_gradient(rank: int, world_size: int, steps: int):
     return out
 
 
+def _checkpoint_mid_window(rank: int, world_size: int, steps: int):
+    """The uninterrupted run; the run that calls state_dict() after each step; and, for each
+    step, the run resumed from a checkpoint taken there (a new model and optimizer)."""
+    share = BATCH // world_size
+
+    def train(model, opt, step):
+        x, y = _batch(step)
+        x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    def run(save_every=False, resume_at=None):
+        model = _model()
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        out = []
+        for step in range(steps):
+            train(model, opt, step)
+            if save_every:
+                opt.state_dict()
+            if step + 1 == resume_at:
+                saved_model = copy.deepcopy(model.state_dict())
+                saved_opt = copy.deepcopy(opt.state_dict())
+                opt.close()
+                model = _model([p + 1.0 for p in model.parameters()])
+                opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+                model.load_state_dict(saved_model)
+                opt.load_state_dict(saved_opt)
+            out.append([p.detach().clone() for p in model.parameters()])
+        opt.close()
+        return out
+
+    return {
+        "uninterrupted": run(),
+        "saved": run(save_every=True),
+        "resumed": {at: run(resume_at=at) for at in (1, 2, 3)},
+    }
+
+
 def _timed(call) -> tuple[float, str | None]:
     started = time.monotonic()
     try:
@@ -593,6 +632,22 @@ def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path):
     for result in results:
         assert result["ranks_per_host"] == 2
         assert result["plan"]["cores"] == max(1, cores // 2)
+
+
+def test_a_checkpoint_changes_nothing_and_two_ranks_resume_bit_for_bit(tmp_path):
+    """FIXED has windows of 2 and re-selections every 4 steps: saves after steps 1, 2 and 3
+    fall at every position of a window, with and without a pending host result."""
+    results = _spawn("_checkpoint_mid_window", 2, tmp_path, 6)
+    for rank, result in enumerate(results):
+        want = result["uninterrupted"]
+        for what, got in [("state_dict() every step", result["saved"])] + [
+            (f"resumed after step {at}", run) for at, run in result["resumed"].items()
+        ]:
+            for step, (a, b) in enumerate(zip(want, got)):
+                for i, (x, y) in enumerate(zip(a, b)):
+                    assert torch.equal(x, y), (
+                        f"rank {rank}, {what}: param {i} after step {step + 1}"
+                    )
 
 
 def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_path):

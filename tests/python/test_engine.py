@@ -135,8 +135,9 @@ def check_well_conditioned(ref):
 
 
 def check_state(engine, ref, steps, what):
-    """engine.state_dict() (which flushes) against the reference after its own flush."""
+    """engine.state_dict() after a flush against the reference after its own flush."""
     ref.flush()
+    engine.flush()
     state = engine.state_dict()
     assert len(state["params"]) == len(ref.params)
     assert "schedule" in state and "loss_scaler" in state
@@ -200,7 +201,7 @@ def test_matches_reference(ratio, interval, overlap, warm_up):
     )
     engine, ref, _ = run_against_reference(config, steps=9)
     check_state(engine, ref, 9, f"{config}")
-    check_counters(engine, ref, f"{config}, after state_dict's flush")
+    check_counters(engine, ref, f"{config}, after the flush")
     engine.close()
 
 

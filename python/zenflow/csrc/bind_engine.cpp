@@ -607,7 +607,6 @@ class PyEngine {
     std::vector<int64_t> counters(ZF_ENGINE_STATE_COUNTERS, 0);
     double scale = 0.0;
     call([&] { return zf_engine_save_state(engine, tensors.data(), tensors.size(), counters.data(), &scale); });
-    bump_params();  // save flushes
 
     py::list per_param;
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -620,6 +619,8 @@ class PyEngine {
     for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c)
       schedule[kScheduleKeys[c]] = counters[c];
     schedule["skipped"] = counters[ZF_COUNTER_SKIPPED];
+    schedule["steps_accumulated"] = counters[ZF_COUNTER_STEPS_ACCUMULATED];
+    schedule["update_pending"] = counters[ZF_COUNTER_UPDATE_PENDING];
     py::dict scaler;
     scaler["scale"] = scale;
     scaler["growth_tracker"] = counters[ZF_COUNTER_GROWTH_TRACKER];
@@ -653,6 +654,10 @@ class PyEngine {
       const py::dict saved_dict = py::reinterpret_borrow<py::dict>(saved);
       const char* key = zf_engine_state_kind_name(entry.kind);
       if (!saved_dict.contains(key)) {
+        if (entry.kind == ZF_STATE_ACCUMULATOR) {  // a state saved before it was one: a flushed one
+          buffers.append(empty(entry).attr("zero_")());
+          continue;
+        }
         throw py::value_error(name + ": missing \"" + key + "\" (the state of another model or configuration)");
       }
       buffers.append(saved_dict[key]);
@@ -670,6 +675,13 @@ class PyEngine {
     }
     if (!schedule.contains("skipped")) throw py::value_error("state[\"schedule\"]: missing \"skipped\"");
     counters[ZF_COUNTER_SKIPPED] = integer(schedule["skipped"], "state[\"schedule\"][\"skipped\"]");
+    // Absent from a state saved before they existed (a flushed state): 0.
+    if (schedule.contains("steps_accumulated"))
+      counters[ZF_COUNTER_STEPS_ACCUMULATED] =
+          integer(schedule["steps_accumulated"], "state[\"schedule\"][\"steps_accumulated\"]");
+    if (schedule.contains("update_pending"))
+      counters[ZF_COUNTER_UPDATE_PENDING] =
+          integer(schedule["update_pending"], "state[\"schedule\"][\"update_pending\"]");
     const py::dict scaler = d["loss_scaler"].cast<py::dict>();
     if (!scaler.contains("scale") || !scaler.contains("growth_tracker")) {
       throw py::value_error("state[\"loss_scaler\"]: needs \"scale\" and \"growth_tracker\"");
