@@ -265,8 +265,8 @@ struct RunOptions {
   int64_t update_interval = 3;
   bool clip = true;
   bool sync_every_step = true;  // false: the lanes run on across steps; only the end is kept
-  int64_t save_at = 0;           // > 0: a save (discarded) after this step
-  int64_t resume_at = 0;         // > 0: after this step, save, then a new engine loads it and goes on
+  int64_t save_at = 0;          // > 0: a save (discarded) after this step
+  int64_t resume_at = 0;        // > 0: after this step, save, then a new engine loads it and goes on
   // Not empty: the parameters split into parts as on several devices (parts[i]: params[i]'s),
   // each part on its own backend (simulated ones share one world).
   std::vector<size_t> parts;

@@ -319,9 +319,9 @@ void check_and_sum_rank_saves(const Model& model, const std::vector<const zenflo
       const size_t param = static_cast<size_t>(e.param);
       const bool matrix = model.matrix(param);
       const int64_t n = model.params[param].cols();
-      const bool per_column = matrix && (e.kind == ZF_STATE_MASTER || e.kind == ZF_STATE_EXP_AVG ||
-                                         e.kind == ZF_STATE_EXP_AVG_SQ || e.kind == ZF_STATE_STEPS ||
-                                         e.kind == ZF_STATE_ACCUMULATOR);
+      const bool per_column =
+          matrix && (e.kind == ZF_STATE_MASTER || e.kind == ZF_STATE_EXP_AVG || e.kind == ZF_STATE_EXP_AVG_SQ ||
+                     e.kind == ZF_STATE_STEPS || e.kind == ZF_STATE_ACCUMULATOR);
       const size_t count = entry_elements(e);
       const uint32_t* bits = static_cast<const uint32_t*>(s.data(k));
       ASSERT_TRUE(e.dtype == ZF_DTYPE_F32 || e.dtype == ZF_DTYPE_I32) << label;

@@ -429,8 +429,8 @@ enum {
   ZF_COUNTER_SINCE_SELECTION = 3, /* steps since the last selection (inclusive) */
   ZF_COUNTER_SELECTIONS = 4,      /* selections made */
   ZF_COUNTER_HAS_PREVIOUS_WINDOW = 5,
-  ZF_COUNTER_GROWTH_TRACKER = 6, /* consecutive good steps of the loss scaler */
-  ZF_COUNTER_SKIPPED = 7,        /* skipped steps */
+  ZF_COUNTER_GROWTH_TRACKER = 6,    /* consecutive good steps of the loss scaler */
+  ZF_COUNTER_SKIPPED = 7,           /* skipped steps */
   ZF_COUNTER_STEPS_ACCUMULATED = 8, /* steps summed in the ACCUMULATOR entries (since 0.1.0) */
   ZF_COUNTER_UPDATE_PENDING = 9,    /* 1: a host result waits for the next window close */
   ZF_ENGINE_STATE_COUNTERS = 10

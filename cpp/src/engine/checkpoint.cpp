@@ -141,7 +141,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     const int64_t lo = m.own_lo, hi = m.own_lo + m.own_cols;
     float* accumulator = static_cast<float*>(buffers[e + 7].data);
     const std::vector<float>& acc = m.acc[acc_current_];  // the open window's (the other is zero)
-    if (parallel()) {  // the columns of other ranks: zeros
+    if (parallel()) {                                     // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
     for (int64_t j = lo; j < hi; ++j) {  // host layout [own_cols, rows] -> [rows, cols]
@@ -234,8 +234,8 @@ void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const 
           "]: negative");
   require(counters[ZF_COUNTER_STEPS_ACCUMULATED] >= 0 && counters[ZF_COUNTER_STEPS_ACCUMULATED] < INT32_MAX,
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_STEPS_ACCUMULATED}, "]: steps accumulated out of range");
-  require(counters[ZF_COUNTER_UPDATE_PENDING] == 0 || counters[ZF_COUNTER_UPDATE_PENDING] == 1,
-          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_UPDATE_PENDING}, "]: must be 0 or 1");
+  require(counters[ZF_COUNTER_UPDATE_PENDING] == 0 || counters[ZF_COUNTER_UPDATE_PENDING] == 1, ZF_ERROR_INVALID_VALUE,
+          "counters[", int{ZF_COUNTER_UPDATE_PENDING}, "]: must be 0 or 1");
   require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
 }
 
