@@ -156,17 +156,27 @@ def _on_stream(engine: Any, layout: _Layout) -> Any:
 
 
 def _snapshot(param_groups: list[dict]) -> list[tuple]:
-    """What, when it changes, needs a new engine (the engine fixes these at creation)."""
-    return [
-        (
-            float(g["weight_decay"]),
-            tuple(g["betas"]),
-            float(g["eps"]),
-            bool(g["zenflow"]),
-            len(g["params"]),
-        )
-        for g in param_groups
-    ]
+    """What, when it changes, needs a new engine (the engine fixes these at creation). The
+    hyper-parameters are not among them: every step hands the engine its values."""
+    return [(bool(g["zenflow"]), len(g["params"])) for g in param_groups]
+
+
+def _hyperparameters(param_groups: list[dict]) -> tuple:
+    """(betas, eps, weight decays) of the groups, as the engine takes them: one betas/eps
+    pair for every group (engine.h: zf_engine_set_hyperparameters)."""
+    first = param_groups[0]
+    for g, group in enumerate(param_groups[1:], start=1):
+        if tuple(group["betas"]) != tuple(first["betas"]) or group["eps"] != first["eps"]:
+            raise ValueError(
+                f"param_groups[{g}]: betas and eps must be the same in every group (the engine has "
+                f"one pair); got {tuple(group['betas'])}, {group['eps']} against "
+                f"{tuple(first['betas'])}, {first['eps']}"
+            )
+    return (
+        tuple(float(b) for b in first["betas"]),
+        float(first["eps"]),
+        tuple(float(group["weight_decay"]) for group in param_groups),
+    )
 
 
 class _OverlapHandle:
@@ -212,9 +222,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     (no `.to()` after construction). Each group may have its own `lr` (schedulers from
     torch.optim.lr_scheduler work unchanged: the host update of a window uses the lr of the
     window's last step) and `weight_decay`; `betas` and `eps` are shared by all groups.
-    Changing a group's `weight_decay`, `betas`, `eps` or `zenflow` flag, or calling
-    `add_param_group`, takes effect at the next step: a new engine is built and given the
-    old one's state (the open window and a pending host result included, nothing flushed).
+    A group's `lr`, `weight_decay`, `betas` and `eps` may change at any step (a scheduler
+    that cycles momentum, say): the engine takes the step's values, and a window's host
+    update those of its last step; nothing is flushed. `betas` and `eps` must be the same in
+    every group. Changing a group's `zenflow` flag, or calling `add_param_group`, takes
+    effect at the next step: a new engine is built and given the old one's state (the open
+    window and a pending host result included, nothing flushed).
     Parameters that do not require grad are left alone; one that starts requiring grad
     joins (with fresh state) at the first step where it has a gradient. A parameter that
     requires grad but has no gradient in a step (`grad is None`) steps with a zero gradient,
@@ -478,16 +491,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _new_engine(self, layout: _Layout) -> tuple[Any, str]:
         groups = self.param_groups
-        for g, group in enumerate(groups[1:], start=1):
-            if (
-                tuple(group["betas"]) != tuple(groups[0]["betas"])
-                or group["eps"] != groups[0]["eps"]
-            ):
-                raise ValueError(
-                    f"param_groups[{g}]: betas and eps must be the same in every group "
-                    f"(the engine has one pair); got {group['betas']}, {group['eps']} against "
-                    f"{groups[0]['betas']}, {groups[0]['eps']}"
-                )
+        _hyperparameters(groups)  # one betas / eps pair
         mode = self._loss_scaling_mode(layout)
         config = self._engine_config(tuple(groups[0]["betas"]), float(groups[0]["eps"]), mode)
         return native().Engine(layout.params, layout.groups, config), mode
@@ -534,7 +538,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._engine.close()
         self._engine, self._layout, self._loss_scaling = engine, layout, mode
         self._snapshot = _snapshot(self.param_groups)
+        self._hyperparameters = _hyperparameters(self.param_groups)
         self._zero_grads = {}
+
+    def _hand_over_hyperparameters(self) -> None:
+        """This step's betas, eps and weight decays, when a scheduler (or the caller) changed
+        them: the engine takes them for this step on (no flush, no new engine)."""
+        try:
+            values = _hyperparameters(self.param_groups)
+            if values != self._hyperparameters:
+                betas, eps, weight_decays = values
+                self._engine.set_hyperparameters(betas, eps, list(weight_decays))
+                self._hyperparameters = values
+        except BaseException:
+            self._refuse_on_every_rank("step")  # refused before this step's agreement
+            raise
 
     def _engine_on_stream(self) -> Any:
         """The engine, on the caller's current stream (_on_stream): before every call that
@@ -687,6 +705,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 split = None
             self._rebuild_engine()
             layout = self._layout
+        self._hand_over_hyperparameters()
         if split is not None:
             self._finish_split(split)
             return

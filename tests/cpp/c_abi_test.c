@@ -759,6 +759,18 @@ static void check_engine_calls(void) {
   EXPECT_OK(zf_engine_submit(engine, 1, f.grads + 1, 1));
   EXPECT_OK(zf_engine_end_step(engine));
   EXPECT(f.weight[3] < saved_weight[3]);
+  { /* per-step hyper-parameters: bad values are named and change nothing; good ones stick */
+    const double decays[2] = {0.01, 0.02};
+    EXPECT_ERROR(zf_engine_set_hyperparameters(NULL, 0.9, 0.999, 1e-8, NULL, 0), ZF_ERROR_INVALID_VALUE,
+                 "engine: NULL");
+    EXPECT_ERROR(zf_engine_set_hyperparameters(engine, 1.0, 0.999, 1e-8, NULL, 0), ZF_ERROR_INVALID_VALUE, "beta1");
+    EXPECT_ERROR(zf_engine_set_hyperparameters(engine, 0.9, NAN, 1e-8, NULL, 0), ZF_ERROR_INVALID_VALUE, "beta2");
+    EXPECT_ERROR(zf_engine_set_hyperparameters(engine, 0.9, 0.999, -1.0, NULL, 0), ZF_ERROR_INVALID_VALUE, "eps");
+    EXPECT_ERROR(zf_engine_set_hyperparameters(engine, 0.9, 0.999, 1e-8, decays, 2), ZF_ERROR_INVALID_VALUE,
+                 "weight_decays");
+    EXPECT_OK(zf_engine_set_hyperparameters(engine, 0.8, 0.99, 1e-8, NULL, 0));
+    EXPECT_OK(zf_engine_set_hyperparameters(engine, 0.9, 0.999, 1e-8, decays, 1));
+  }
   for (k = 0; k < 4; ++k) EXPECT_OK(zf_engine_step(engine, f.grads, 2, NULL, 0));
   EXPECT_OK(zf_engine_flush(engine));
   EXPECT(f.weight[0] < 1.0f); /* deferred columns arrived from the host */
@@ -858,6 +870,7 @@ static void check_dead_handle(zf_engine* dead) {
   EXPECT_ERROR(zf_engine_end_step(dead), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_abort_step(dead), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_flush(dead), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_set_hyperparameters(dead, 0.9, 0.999, 1e-8, NULL, 0), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_get_stats(dead, &stats), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_loss_scale(dead, &scale), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_state_layout(dead, entries, &count), ZF_ERROR_INVALID_VALUE, text);

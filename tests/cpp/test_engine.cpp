@@ -162,6 +162,101 @@ TEST(EngineExact, WarmUpCoveringEveryStepIsPlainAdamW) {
   expect_plain_adamw(c, 9);
 }
 
+// ---- per-step hyper-parameters ----
+
+// Betas (momentum cycling), eps and weight decays of step t.
+void hyperparameters_at(const Model& model, int64_t t, double* beta1, double* beta2, double* eps,
+                        std::vector<double>* weight_decays) {
+  const double phase = static_cast<double>(t % 5) / 5.0;
+  *beta1 = 0.85 + 0.1 * phase;
+  *beta2 = 0.99 + 0.009 * phase;
+  *eps = 1e-8 * static_cast<double>(1 + t);
+  weight_decays->clear();
+  for (const auto& g : model.groups) weight_decays->push_back(0.01 + g.weight_decay * static_cast<double>(t));
+}
+
+class EngineHyperparameters : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EngineHyperparameters, ChangedEveryStepFollowTheReference) {
+  // A step's selected columns and dense parameters take its values; a window's host update
+  // those of the window's last step, also when the values change again before a flush.
+  RefConfig rc;
+  rc.topk_ratio = 0.3;
+  rc.update_interval = 3;
+  rc.overlap = GetParam();
+  rc.select_interval = 4;
+  Model model = standard_model();
+  Reference ref(model, rc);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, engine_config(rc));
+  for (int64_t t = 1; t <= 11; ++t) {
+    double b1, b2, eps;
+    std::vector<double> wds;
+    hyperparameters_at(model, t, &b1, &b2, &eps, &wds);
+    engine.set_hyperparameters(b1, b2, eps, wds);
+    ref.set_hyperparameters(b1, b2, eps, wds);
+    std::vector<HostTensor> grads = make_grads(model, t, true);
+    engine.step(tensors_of(grads), step_lrs(model, t));
+    ref.step(grads, step_lrs(model, t));
+    ASSERT_LE(worst_error(model, ref, 1e-6, 1e-5), 1.0) << "step " << t;
+  }
+  const std::vector<double> late(model.groups.size(), 0.5);
+  engine.set_hyperparameters(0.5, 0.6, 1e-3, late);  // after the open window's last step
+  ref.set_hyperparameters(0.5, 0.6, 1e-3, late);
+  engine.flush();
+  ref.flush();
+  EXPECT_LE(worst_error(model, ref, 1e-6, 1e-5), 1.0) << "after the flush";
+  EXPECT_EQ(engine.stats().windows, 4u);  // 3 closes and the flush: none forced by a change
+}
+
+INSTANTIATE_TEST_SUITE_P(Overlap, EngineHyperparameters, ::testing::Bool());
+
+TEST(EngineHyperparameters, BadValuesAreRefusedNamedAndChangeNothing) {
+  RefConfig rc;
+  rc.topk_ratio = 0.3;
+  rc.update_interval = 2;
+  auto run = [&](int bad) {
+    Model model = standard_model();
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, engine_config(rc));
+    std::vector<HostTensor> grads = make_grads(model, 1);
+    engine.step(tensors_of(grads), step_lrs(model, 1));
+    const double nan = std::nan("");
+    const std::vector<double> good(model.groups.size(), 0.1);
+    std::vector<double> wrong_count(model.groups.size() + 1, 0.1);
+    std::vector<double> negative = good;
+    negative.at(1) = -0.5;
+    struct Case {
+      double b1, b2, eps;
+      const std::vector<double>* wds;
+      const char* named;
+    };
+    const Case cases[] = {{1.0, 0.999, 1e-8, &good, "beta1"},
+                          {0.9, nan, 1e-8, &good, "beta2"},
+                          {0.9, 0.999, -1e-8, &good, "eps"},
+                          {0.9, 0.999, INFINITY, &good, "eps"},
+                          {0.9, 0.999, 1e-8, &wrong_count, "weight_decays"},
+                          {0.9, 0.999, 1e-8, &negative, "weight_decays[1]"}};
+    if (bad >= 0) {
+      const Case& c = cases[bad];
+      const zf_status status =
+          zf_engine_set_hyperparameters(engine.get(), c.b1, c.b2, c.eps, c.wds->data(), c.wds->size());
+      EXPECT_EQ(status, ZF_ERROR_INVALID_VALUE) << "case " << bad;
+      EXPECT_NE(std::string(zf_last_error()).find(c.named), std::string::npos) << zf_last_error();
+    }
+    for (int64_t t = 2; t <= 6; ++t) {
+      grads = make_grads(model, t);
+      engine.step(tensors_of(grads), step_lrs(model, t));
+    }
+    engine.flush();
+    return model.params;
+  };
+  const std::vector<HostTensor> want = run(-1);
+  for (int bad = 0; bad < 6; ++bad) {
+    const std::vector<HostTensor> got = run(bad);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(want[i].bitwise_equal(got[i])) << "case " << bad << " param " << i;
+  }
+}
+
 // ---- staleness, shown directly ----
 
 // One matrix, every column deferred. The reference states after j windows are computed

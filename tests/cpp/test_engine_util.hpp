@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -174,7 +175,7 @@ class Reference {
     if (t_ <= config_.warm_up) {
       for (size_t i = 0; i < params_.size(); ++i) {
         P& p = params_[i];
-        for (int64_t j = 0; j < p.cols; ++j) adam_column(p, j, grads[i], clip, lrs[p.group], 1.0, false);
+        for (int64_t j = 0; j < p.cols; ++j) adam_column(p, j, grads[i], clip, lrs[p.group], current(), false);
         p.W = p.master;
       }
       return;
@@ -195,7 +196,7 @@ class Reference {
       const double lr = lrs[p.group];
       for (int64_t j = 0; j < p.cols; ++j) {
         if (!p.matrix || p.selected(j)) {
-          adam_column(p, j, grads[i], clip, lr, 1.0, false);
+          adam_column(p, j, grads[i], clip, lr, current(), false);
           for (int64_t r = 0; r < p.rows; ++r) p.W[r * p.cols + j] = p.master[r * p.cols + j];
         } else {
           for (int64_t r = 0; r < p.rows; ++r) p.A[r * p.cols + j] += grads[i].get(r * p.cols + j) * clip;
@@ -204,6 +205,7 @@ class Reference {
     }
     ++accumulated_;
     last_lrs_ = lrs;
+    last_hp_ = current();
     if (window_steps_ == config_.update_interval) {
       window_steps_ = 0;
       if (config_.overlap) {
@@ -214,6 +216,12 @@ class Reference {
         upload();
       }
     }
+  }
+
+  // Betas, eps and each group's weight decay of later steps; a window's host update takes
+  // those of its last step.
+  void set_hyperparameters(double beta1, double beta2, double eps, const std::vector<double>& weight_decays) {
+    hp_ = Hyper{beta1, beta2, eps, weight_decays};
   }
 
   void flush() {
@@ -241,18 +249,24 @@ class Reference {
     bool selected(int64_t j) const { return std::binary_search(sel.begin(), sel.end(), static_cast<int32_t>(j)); }
   };
 
-  void adam_column(P& p, int64_t j, const HostTensor& grad, double scale, double lr, double unused, bool from_acc) {
-    (void)unused;
+  struct Hyper {
+    double beta1, beta2, eps;
+    std::vector<double> weight_decays;  // per group; empty: the groups' own
+  };
+  Hyper current() const { return hp_.has_value() ? *hp_ : Hyper{config_.beta1, config_.beta2, config_.eps, {}}; }
+
+  void adam_column(P& p, int64_t j, const HostTensor& grad, double scale, double lr, const Hyper& h, bool from_acc) {
+    const double wd = h.weight_decays.empty() ? p.weight_decay : h.weight_decays[static_cast<size_t>(p.group)];
     const int64_t t = ++p.steps[static_cast<size_t>(j)];
-    const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(t));
     for (int64_t r = 0; r < p.rows; ++r) {
       const size_t e = static_cast<size_t>(r * p.cols + j);
       const double g = from_acc ? p.A[e] * scale : grad.get(static_cast<int64_t>(e)) * scale;
-      p.m[e] = config_.beta1 * p.m[e] + (1.0 - config_.beta1) * g;
-      p.v[e] = config_.beta2 * p.v[e] + (1.0 - config_.beta2) * g * g;
-      p.master[e] *= 1.0 - lr * p.weight_decay;
-      p.master[e] -= lr * (p.m[e] / bc1) / (std::sqrt(p.v[e] / bc2) + config_.eps);
+      p.m[e] = h.beta1 * p.m[e] + (1.0 - h.beta1) * g;
+      p.v[e] = h.beta2 * p.v[e] + (1.0 - h.beta2) * g * g;
+      p.master[e] *= 1.0 - lr * wd;
+      p.master[e] -= lr * (p.m[e] / bc1) / (std::sqrt(p.v[e] / bc2) + h.eps);
     }
   }
 
@@ -274,7 +288,7 @@ class Reference {
       if (!p.matrix) continue;
       for (int64_t j = 0; j < p.cols; ++j) {
         if (p.selected(j)) continue;
-        adam_column(p, j, HostTensor(), scale, last_lrs_[p.group], 1.0, true);
+        adam_column(p, j, HostTensor(), scale, last_lrs_[p.group], last_hp_, true);
         for (int64_t r = 0; r < p.rows; ++r) p.A[r * p.cols + j] = 0.0;
       }
       p.pending = p.master;
@@ -297,6 +311,8 @@ class Reference {
   std::vector<P> params_;
   int64_t t_ = 0, window_steps_ = 0, since_ = 0, selections_ = 0, accumulated_ = 0;
   std::vector<double> last_lrs_;
+  std::optional<Hyper> hp_;
+  Hyper last_hp_;
 };
 
 inline zf_engine_config engine_config(const RefConfig& r) {

@@ -175,6 +175,9 @@ class ReferenceZenFlow:
         self.last_selection_step = None
         self.steps_accumulated = 0
         self.last_accumulated_lrs = None
+        # (betas, eps, weight decay per group) of the last accumulated step: the window's
+        # host update runs with them, as with its lrs.
+        self.last_accumulated_hparams = None
         self.pending = None  # overlap: list of (param, columns, values) not yet written
         self.window_score = [None] * len(self.params)  # c summed over the open window
         self.previous_window_score = [None] * len(self.params)
@@ -252,6 +255,29 @@ class ReferenceZenFlow:
         out["last_global_norm"] = self.last_global_norm
         return out
 
+    # ---- per-step hyper-parameters ----
+
+    def hyperparameters(self) -> tuple:
+        """(betas, eps, weight decay per group) that the next step uses."""
+        wds = tuple(g["weight_decay"] for g in self.groups)
+        return tuple(self.config["betas"]), float(self.config["eps"]), wds
+
+    def set_hyperparameters(self, betas, eps, weight_decays=None):
+        """Betas, eps and (optionally) each group's weight decay of every later step. A
+        step's selected columns and dense parameters use the values of that step; a
+        window's host update those of the window's last accumulated step."""
+        b1, b2 = (float(b) for b in betas)
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or not (math.isfinite(eps) and eps >= 0.0):
+            raise ValueError("betas must be in [0, 1) and eps finite and >= 0")
+        if weight_decays is not None:
+            if len(weight_decays) != len(self.groups):
+                raise ValueError("weight_decays: one value per group")
+            if not all(math.isfinite(w) and w >= 0.0 for w in weight_decays):
+                raise ValueError("weight_decays: finite and >= 0")
+            for group, wd in zip(self.groups, weight_decays):
+                group["weight_decay"] = float(wd)
+        self.config["betas"], self.config["eps"] = (b1, b2), float(eps)
+
     # ---- the step ----
 
     def step(self, grads, lrs=None):
@@ -304,41 +330,20 @@ class ReferenceZenFlow:
         return True
 
     def _adamw_all(self, p: _Param, g: np.ndarray, lr: float):
-        b1, b2 = self.config["betas"]
+        (b1, b2), eps, wds = self.hyperparameters()
         p.steps += 1
-        adamw_(
-            p.master,
-            p.exp_avg,
-            p.exp_avg_sq,
-            g,
-            p.steps,
-            lr,
-            self.groups[p.group]["weight_decay"],
-            b1,
-            b2,
-            self.config["eps"],
-        )
+        adamw_(p.master, p.exp_avg, p.exp_avg_sq, g, p.steps, lr, wds[p.group], b1, b2, eps)
         p.weights[...] = p.master
 
-    def _adamw_columns(self, p: _Param, cols: np.ndarray, g: np.ndarray, lr: float):
-        """AdamW on the columns `cols` of a matrix with gradient block g [m, len(cols)]."""
-        b1, b2 = self.config["betas"]
+    def _adamw_columns(self, p: _Param, cols: np.ndarray, g: np.ndarray, lr: float, hparams=None):
+        """AdamW on the columns `cols` of a matrix with gradient block g [m, len(cols)], with
+        `hparams` (betas, eps, weight decays; default: the current ones)."""
+        (b1, b2), eps, wds = hparams if hparams is not None else self.hyperparameters()
         if len(cols) == 0:
             return
         master, m, v = p.master[:, cols], p.exp_avg[:, cols], p.exp_avg_sq[:, cols]
         p.steps[cols] += 1
-        adamw_(
-            master,
-            m,
-            v,
-            g,
-            p.steps[cols],
-            lr,
-            self.groups[p.group]["weight_decay"],
-            b1,
-            b2,
-            self.config["eps"],
-        )
+        adamw_(master, m, v, g, p.steps[cols], lr, wds[p.group], b1, b2, eps)
         p.master[:, cols], p.exp_avg[:, cols], p.exp_avg_sq[:, cols] = master, m, v
 
     def _windowed_step(self, raw, used, grad_sizes, lrs):
@@ -373,6 +378,7 @@ class ReferenceZenFlow:
             self.counters["bytes_down"] += p.rows * len(unsel) * grad_sizes[i]
         self.steps_accumulated += 1
         self.last_accumulated_lrs = list(lrs)
+        self.last_accumulated_hparams = self.hyperparameters()
         self.steps_in_window += 1
 
         if self._window_closes():
@@ -425,7 +431,8 @@ class ReferenceZenFlow:
             if len(unsel) == 0:
                 continue
             g = p.accum[:, unsel] / self.steps_accumulated
-            self._adamw_columns(p, unsel, g, self.last_accumulated_lrs[p.group])
+            lr = self.last_accumulated_lrs[p.group]
+            self._adamw_columns(p, unsel, g, lr, self.last_accumulated_hparams)
             p.accum[:, unsel] = 0.0
             results.append((p, unsel, p.master[:, unsel].copy()))
         self.steps_accumulated = 0

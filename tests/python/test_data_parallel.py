@@ -347,7 +347,8 @@ def _failure_at_each_entry(rank: int, world_size: int):
         opt.step()
         opt.zero_grad()
 
-    for entry in ("step", "split", "flush", "state_dict", "load_state_dict", "rebuild"):
+    entries = ("step", "split", "flush", "state_dict", "load_state_dict", "rebuild", "betas")
+    for entry in entries:
         model = _model()
         opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
         if entry == "split":
@@ -364,7 +365,11 @@ def _failure_at_each_entry(rank: int, world_size: int):
             attempts.append(_timed(functools.partial(opt.load_state_dict, state)))
         elif entry == "rebuild":
             if rank == 1:  # a setting fixed at the engine's creation, changed on one rank only
-                opt.param_groups[0]["weight_decay"] = 0.5
+                opt.param_groups[0]["zenflow"] = False
+            attempts.append(_timed(functools.partial(train_step, model, opt, 2)))
+        elif entry == "betas":
+            if rank == 1:  # a scheduler's bad value, on one rank: refused before the engine
+                opt.param_groups[0]["betas"] = (1.0, 0.999)
             attempts.append(_timed(functools.partial(train_step, model, opt, 2)))
         else:
             if rank == 1:
@@ -380,7 +385,7 @@ def _failure_at_each_entry(rank: int, world_size: int):
                 attempts.append(_timed(call))
                 if attempts[-1][1] is not None:
                     break
-        changed = entry in ("load_state_dict", "rebuild") and any(
+        changed = entry in ("load_state_dict", "rebuild", "betas") and any(
             not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before)
         )
         results[entry] = {"attempts": attempts, "changed": changed}
@@ -664,8 +669,8 @@ def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_p
         if entry == "rebuild":
             for _, error in (per_rank[0][-1], per_rank[1][-1]):
                 assert "every rank must make the same engine calls" in error, error
-        elif entry == "load_state_dict":
-            assert "shape" in per_rank[1][-1][1], per_rank[1][-1]
+        elif entry in ("load_state_dict", "betas"):
+            assert ("shape" if entry == "load_state_dict" else "beta1") in per_rank[1][-1][1]
             assert "rank(s) 1 of 2 failed" in other, other
         else:
             assert "rank one's host lane" in per_rank[1][-1][1], per_rank[1][-1]

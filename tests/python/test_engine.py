@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import faulthandler
+import math
 import multiprocessing
 import re
 import subprocess
@@ -229,6 +230,78 @@ def test_reselection_mid_run_moves_columns(score):
     check_well_conditioned(ref)
     check_counters(engine, ref, "reselection")
     check_state(engine, ref, 10, "reselection")
+
+
+def hparams_at(t):
+    """Betas (momentum cycling as OneCycleLR's), eps and weight decays (per group) of call t."""
+    phase = (t % 5) / 5.0
+    betas = (0.85 + 0.1 * phase, 0.99 + 0.009 * phase)
+    return betas, 1e-8 * (1 + t), [g["weight_decay"] * (1.0 + 0.3 * t) for g in GROUPS]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("interval", [3, "auto"])
+def test_per_step_hyperparameters_match_reference(interval, overlap):
+    """Betas, eps and weight decay changed before every step (and a re-selection inside the
+    run): the selected columns and dense parameters take the step's values, a window's
+    host update those of its last step, as the float64 reference does; no flush (the
+    windows close on schedule)."""
+    config = dict(
+        topk_ratio=0.3,
+        update_interval=interval,
+        max_update_interval=4,
+        overlap_step=overlap,
+        select_strategy="step",
+        select_interval=4,
+    )
+    params = make_params()
+    ref = ReferenceZenFlow(params, GROUPS, config)
+    engine = _C.Engine(params, copy.deepcopy(GROUPS), dict(config))
+    what = f"per-step hyper-parameters, {config}"
+    for t in range(11):
+        betas, eps, wds = hparams_at(t)
+        engine.set_hyperparameters(betas, eps, wds)
+        ref.set_hyperparameters(betas, eps, wds)
+        grads = make_grads(t, rotate=True)
+        engine.step(grads, lrs_at(t))
+        ref.step(grads, lrs_at(t))
+        check_weights(params, ref, t + 1, what)
+    assert ref.stats()["windows"] >= 3
+    assert ref.steps_accumulated > 0, "the flush below must find an open window"
+    check_well_conditioned(ref)
+    check_counters(engine, ref, what)
+    # Values set after the window's last step do not reach its host update (the flush).
+    engine.set_hyperparameters((0.5, 0.6), 1e-3, [1.0, 2.0, 3.0])
+    ref.set_hyperparameters((0.5, 0.6), 1e-3, [1.0, 2.0, 3.0])
+    check_state(engine, ref, 11, what)
+    engine.close()
+
+
+def test_bad_hyperparameters_raise_naming_the_value_and_change_nothing():
+    config = dict(topk_ratio=0.3, update_interval=3, select_strategy="step", select_interval=3)
+    runs = []
+    for bad in [None, *range(7)]:
+        params = make_params()
+        engine = _C.Engine(params, copy.deepcopy(GROUPS), dict(config))
+        engine.step(make_grads(0), lrs_at(0))
+        if bad is not None:
+            args, error, match = [
+                (((1.0, 0.999), 1e-8, None), ValueError, "beta"),
+                (((0.9, math.nan), 1e-8, None), ValueError, "beta"),
+                (((0.9, 0.999), -1e-8, None), ValueError, "eps"),
+                (((0.9, 0.999), 1e-8, [0.1, 0.0]), ValueError, "weight_decays"),
+                (((0.9, 0.999), 1e-8, [0.1, -1.0, 0.0]), ValueError, r"weight_decays\[1\]"),
+                (((0.9, 0.999, 0.5), 1e-8, None), ValueError, "betas"),
+                (((0.9, 0.999), "x", None), TypeError, "eps"),
+            ][bad]
+            with pytest.raises(error, match=match):
+                engine.set_hyperparameters(*args)
+        for t in range(1, 5):
+            engine.step(make_grads(t), lrs_at(t))
+        runs.append([p.clone() for p in params])
+        engine.close()
+    for bad, run in enumerate(runs[1:]):
+        assert_bitwise([runs[0]], [run], f"bad hyper-parameters {bad}")
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -600,3 +600,94 @@ def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
             np.testing.assert_allclose(
                 ref.weights(j), p.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=f"step {t}"
             )
+
+
+# ---- per-step hyper-parameters ----
+
+
+def hparams_at(t):
+    """Betas, eps and weight decays (per group of GROUPS) that change at every step t
+    (1-based): momentum cycles as OneCycleLR's does."""
+    phase = (t % 4) / 4.0
+    betas = (0.85 + 0.1 * phase, 0.99 + 0.009 * phase)
+    eps = 1e-8 * (1.0 + t)
+    weight_decays = [g["weight_decay"] * (1.0 + 0.2 * t) for g in GROUPS]
+    return betas, eps, weight_decays
+
+
+@pytest.mark.parametrize("case", ["topk_1", "reselect_every_step", "warm_up_covers_run"])
+def test_per_step_hyperparameters_equal_torch_adamw_where_exact(case):
+    """Where the reference is plain AdamW, setting betas, eps and weight decay before each
+    step is torch.optim.AdamW with the same values set in its param_groups."""
+    params = initial_params()
+    grad_seq = gradient_sequence(STEPS, rotate=True)
+    config = dict(EXACT_CASES[case], betas=BETAS, eps=EPS)
+    ref = ReferenceZenFlow(params, GROUPS, config)
+    tp = [p.clone().requires_grad_() for p in params]
+    opt = torch.optim.AdamW(
+        [{**g, "params": [tp[i] for i in g["params"]]} for g in GROUPS],
+        betas=BETAS,
+        eps=EPS,
+        foreach=False,
+    )
+    for t, grads in enumerate(grad_seq, start=1):
+        betas, eps, wds = hparams_at(t)
+        ref.set_hyperparameters(betas, eps, wds)
+        for p, g in zip(tp, grads):
+            p.grad = g.clone()
+        for group, lr, wd in zip(opt.param_groups, lr_schedule(t - 1), wds):
+            group.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
+        opt.step()
+        ref.step(grads, lr_schedule(t - 1))
+        assert_close_to_torch(ref, [p.detach().numpy() for p in tp], f"{case} step {t}")
+
+
+def test_a_windows_host_update_takes_its_last_steps_hyperparameters():
+    """topk 0, S = 3, no overlap: each host step is torch.optim.AdamW applied once to the
+    window's mean gradient with the lr, betas, eps and weight decay of the window's last
+    step, whatever the earlier steps of the window had."""
+    matrices = [0, 1, 2, 3]
+    params = initial_params()
+    groups = [
+        {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
+        {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
+    ]
+    config = dict(topk_ratio=0.0, update_interval=3, overlap_step=False, betas=BETAS, eps=EPS)
+    ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
+    tp = [params[i].clone().requires_grad_() for i in matrices]
+    opt = torch.optim.AdamW(
+        [{**g, "params": [tp[i] for i in g["params"]]} for g in groups], foreach=False
+    )
+    grad_seq = gradient_sequence(STEPS)
+    for t in range(1, STEPS + 1):
+        lrs = [1e-2 * t, 3e-2 / t]
+        betas, eps = (0.8 + 0.02 * t, 0.95 + 0.004 * t), 1e-8 * t
+        wds = [0.1 * t, 0.01 * t]
+        ref.set_hyperparameters(betas, eps, wds)
+        ref.step([grad_seq[t - 1][i] for i in matrices], lrs)
+        if t % 3 == 0:
+            for j, p in enumerate(tp):
+                p.grad = sum(grad_seq[s - 1][matrices[j]] for s in (t - 2, t - 1, t)) / 3
+            for group, lr, wd in zip(opt.param_groups, lrs, wds):
+                group.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
+            opt.step()
+        for j, p in enumerate(tp):
+            np.testing.assert_allclose(
+                ref.weights(j), p.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=f"step {t}"
+            )
+
+
+def test_bad_hyperparameters_raise_and_change_nothing():
+    ref = ReferenceZenFlow(initial_params(), GROUPS, dict(betas=BETAS, eps=EPS))
+    before = ref.hyperparameters()
+    for betas, eps, wds in [
+        ((1.0, 0.999), 1e-8, None),
+        ((0.9, -0.1), 1e-8, None),
+        ((0.9, 0.999), -1e-8, None),
+        ((0.9, 0.999), 1e-8, [0.1]),
+        ((0.9, 0.999), 1e-8, [0.1, math.nan, 0.0]),
+        ((0.9, 0.999), 1e-8, [0.1, -1.0, 0.0]),
+    ]:
+        with pytest.raises(ValueError):
+            ref.set_hyperparameters(betas, eps, wds)
+        assert ref.hyperparameters() == before

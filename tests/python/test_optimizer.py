@@ -259,6 +259,51 @@ def test_general_configurations_match_the_reference(case, dtype):
         assert_weights(params[i], ref.weights(i), steps, 3e-2, f"{case} after flush, param {i}")
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_one_cycle_lr_with_momentum_cycling_matches_the_reference_and_never_flushes(overlap):
+    """OneCycleLR changes lr and betas every step, and the loop changes weight decay and eps:
+    the engine takes them at each step (a window's host update those of its last step, as
+    the float64 reference does), the same engine runs throughout, and the windows close on
+    schedule (no flush)."""
+    config = dict(topk_ratio=0.3, update_interval=3, overlap_step=overlap)
+    params = synthetic_model(torch.float32)
+    opt = zenflow.ZenFlowAdamW(synthetic_groups(params), **config)
+    steps = 14
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=[2e-2, 3e-2, 2e-2], total_steps=steps, base_momentum=0.8, max_momentum=0.95
+    )
+    ref_groups = [
+        {"params": [0, 1, 4], "lr": 1e-2, "weight_decay": 0.1},
+        {"params": [2, 3, 5], "lr": 2e-2, "weight_decay": 0.0},
+        {"params": [6], "lr": 1.5e-2, "weight_decay": 0.05, "dense": True},
+    ]
+    ref = ReferenceZenFlow([p.detach() for p in params], ref_groups, config)
+    engine = None
+    betas_seen = set()
+    for t in range(steps):
+        for g, group in enumerate(opt.param_groups):
+            group["weight_decay"] = ref_groups[g]["weight_decay"] * (1.0 + 0.1 * t)
+            group["eps"] = 1e-8 * (1 + t)
+        grads = synthetic_gradients(t, torch.float32)
+        for p, g in zip(params, grads):
+            p.grad = g
+        group = opt.param_groups[0]
+        ref.set_hyperparameters(
+            group["betas"], group["eps"], [g["weight_decay"] for g in opt.param_groups]
+        )
+        betas_seen.add(tuple(group["betas"]))
+        ref.step(grads, [g["lr"] for g in opt.param_groups])
+        opt.step()
+        engine = engine or opt._engine
+        assert opt._engine is engine, "a hyper-parameter change built a new engine"
+        sched.step()
+        for i in range(len(params)):
+            assert_weights(params[i], ref.weights(i), t + 1, 3e-2, f"step {t + 1} param {i}")
+    assert len(betas_seen) >= steps - 1, "OneCycleLR did not cycle the momentum"
+    stats = opt.stats()
+    assert stats["windows"] == steps // 3 == ref.stats()["windows"]
+
+
 def test_dense_group_is_plain_adamw():
     params = synthetic_model(torch.float32)
     twins = [p.detach().clone().requires_grad_() for p in params]

@@ -315,6 +315,18 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine);
  */
 ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
 
+/* The hyper-parameters of every later step, until the next call: Adam's betas and eps (one
+ * pair for every group) and each group's decoupled weight decay (weight_decays[g] for the
+ * group_count groups, or NULL to keep them). The learning rate stays an argument of each
+ * step. A step's selected columns and dense parameters take the values set at that step
+ * (at end_step for a split step); a window's host update takes those of the window's last
+ * step, as it takes its lr. Nothing is flushed or rebuilt, so a scheduler may change them
+ * every step (OneCycleLR's momentum cycling). Everything is checked first (betas in [0, 1),
+ * eps and weight decays finite and >= 0): a bad value changes nothing. Since 0.1.0
+ * (2026-12-05). */
+ZF_API zf_status zf_engine_set_hyperparameters(zf_engine* engine, double beta1, double beta2, double eps,
+                                               const double* weight_decays, size_t group_count);
+
 /* The calls that start with the ranks' agreement (data parallel). */
 typedef enum zf_engine_call {
   ZF_ENGINE_CALL_STEP = 1, /* zf_engine_step, zf_engine_end_step */

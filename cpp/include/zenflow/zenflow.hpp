@@ -440,6 +440,12 @@ class Engine {
   void end_step() { check(zf_engine_end_step(engine_)); }
   void abort_step() { check(zf_engine_abort_step(engine_)); }
   void flush() { check(zf_engine_flush(engine_)); }
+  // Betas, eps and (when not empty) each group's weight decay of later steps
+  // (zf_engine_set_hyperparameters: no flush).
+  void set_hyperparameters(double beta1, double beta2, double eps, const std::vector<double>& weight_decays = {}) {
+    check(zf_engine_set_hyperparameters(engine_, beta1, beta2, eps,
+                                        weight_decays.empty() ? nullptr : weight_decays.data(), weight_decays.size()));
+  }
 
   zf_engine_stats stats() const {
     zf_engine_stats s{};

@@ -194,7 +194,12 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   int host_threads = 1;
   automatic_thread_counts(config, &compute_threads_, &host_threads);
   last_lr_.resize(group_count);
-  for (size_t g = 0; g < group_count; ++g) last_lr_[g] = groups[g].lr;
+  last_weight_decay_.resize(group_count);
+  for (size_t g = 0; g < group_count; ++g) {
+    last_lr_[g] = groups[g].lr;
+    last_weight_decay_[g] = groups[g].weight_decay;
+  }
+  last_hparams_ = hparams_;
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
   create_backend(compute_threads_);
   set_ownership();
@@ -222,6 +227,24 @@ namespace {
        "the forward and backward passes only, and call the optimizer step outside the capture");
 }
 }  // namespace
+
+void Engine::check_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays,
+                                   size_t group_count) const {
+  zf_adam_hparams h{beta1, beta2, eps, ZF_ADAM_MODE_ADAMW};
+  check_adam_hparams(&h);
+  require(weight_decays == nullptr || group_count == groups_.size(), ZF_ERROR_INVALID_VALUE,
+          "weight_decays: ", group_count, " values for ", groups_.size(), " groups");
+  for (size_t g = 0; weight_decays != nullptr && g < group_count; ++g)
+    require(finite_at_least(weight_decays[g], 0.0), ZF_ERROR_INVALID_VALUE, "weight_decays[", g,
+            "]: must be finite and >= 0, got ", weight_decays[g]);
+}
+
+void Engine::set_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays,
+                                 size_t group_count) {
+  check_hyperparameters(beta1, beta2, eps, weight_decays, group_count);
+  hparams_ = zf_adam_hparams{beta1, beta2, eps, ZF_ADAM_MODE_ADAMW};
+  for (size_t g = 0; weight_decays != nullptr && g < group_count; ++g) groups_[g].weight_decay = weight_decays[g];
+}
 
 void Engine::refuse_capture(const char* call) const {
   if (backend_->capturing(backend_->compute_stream())) fail_capturing(call);

@@ -70,6 +70,10 @@ class Engine {
   void end_step();
   void abort_step();
   void flush();
+  // zf_engine_set_hyperparameters: the checks, then the values of later steps.
+  void check_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays,
+                             size_t group_count) const;
+  void set_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays, size_t group_count);
   // zf_engine_refuse: joins `call`'s agreement as refused (data parallel; else nothing).
   void refuse(zf_engine_call call);
   // The calls that start with an agreement (zf_engine_call's values): their collectives follow
@@ -381,6 +385,10 @@ class Engine {
   int acc_current_ = 0;
   int64_t steps_accumulated_ = 0;
   std::vector<double> last_lr_;  // per group, of the last accumulated step
+  // The weight decays (per group) and betas / eps of the last accumulated step: a window's
+  // host update runs with them.
+  std::vector<double> last_weight_decay_;
+  zf_adam_hparams last_hparams_{};
 
   // per-step scratch (kept for capacity)
   std::unique_ptr<ColumnStatsPlan> stats_plan_;

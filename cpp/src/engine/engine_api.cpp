@@ -227,6 +227,11 @@ ZF_API zf_status zf_engine_abort_step(zf_engine* engine) {
   return zf::api_call([&] { get(engine).abort_step(); });
 }
 
+ZF_API zf_status zf_engine_set_hyperparameters(zf_engine* engine, double beta1, double beta2, double eps,
+                                               const double* weight_decays, size_t group_count) {
+  return zf::api_call([&] { get(engine).set_hyperparameters(beta1, beta2, eps, weight_decays, group_count); });
+}
+
 ZF_API zf_status zf_engine_refuse(zf_engine* engine, zf_engine_call call) {
   return zf::api_call([&] { get(engine).refuse(call); });
 }

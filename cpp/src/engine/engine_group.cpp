@@ -329,6 +329,12 @@ void EngineGroup::flush() {
   for (auto& e : engines_) e->flush();
 }
 
+void EngineGroup::set_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays,
+                                      size_t group_count) {
+  for (const auto& e : engines_) e->check_hyperparameters(beta1, beta2, eps, weight_decays, group_count);
+  for (auto& e : engines_) e->set_hyperparameters(beta1, beta2, eps, weight_decays, group_count);
+}
+
 void EngineGroup::refuse(zf_engine_call call) {
   require(call >= ZF_ENGINE_CALL_STEP && call <= ZF_ENGINE_CALL_LOAD, ZF_ERROR_INVALID_VALUE,
           "call: ", static_cast<int>(call), " is not a zf_engine_call");

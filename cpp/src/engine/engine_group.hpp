@@ -55,6 +55,8 @@ class EngineGroup {
   void end_step();
   void abort_step();
   void flush();
+  // zf_engine_set_hyperparameters: every device's engine, after every one's checks.
+  void set_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays, size_t group_count);
   // zf_engine_refuse: data parallel (one device) only; a no-op otherwise.
   void refuse(zf_engine_call call);
 

@@ -450,7 +450,10 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
       ptr.steps = device_int(d.dev_steps);
     }
   }
-  if (!device_pointers_.empty()) backend_->adamw_selected(*device_plan_, device_pointers_.data(), scalars);
+  if (!device_pointers_.empty()) {
+    device_plan_->set_hparams(hparams_);  // this step's betas and eps
+    backend_->adamw_selected(*device_plan_, device_pointers_.data(), scalars);
+  }
   // 5. deferred columns through the staging ring into the host accumulator: the buckets
   // packed at submit get their headers, then the others go
   release_early_buckets(scalars);
@@ -459,7 +462,9 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
   }
   if (!buckets_.empty()) {
     ++steps_accumulated_;
-    last_lr_ = step_lrs_;
+    last_lr_ = step_lrs_;  // the window's host update runs with its last step's values
+    for (size_t g = 0; g < groups_.size(); ++g) last_weight_decay_[g] = groups_[g].weight_decay;
+    last_hparams_ = hparams_;
   }
   // 6. window bookkeeping (a group sums every device's counts before the close)
   window_bookkeeping(step_kind_.warm_up, due, counted);
@@ -562,9 +567,9 @@ void Engine::start_update() {
     if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
     const size_t group = static_cast<size_t>(params_[m.param].group);
     const double lr = last_lr_[group];
-    const double wd = groups_[group].weight_decay;
+    const double wd = last_weight_decay_[group];
     uint8_t* out = upload_.data() + m.upload_offset;
-    const zf_adam_hparams hparams = hparams_;
+    const zf_adam_hparams hparams = last_hparams_;
     Backend* backend = backend_.get();
     const Event uploaded = uploads_done_;  // U is still being copied up until then
     chunks.push_back(

@@ -44,6 +44,9 @@ class AdamwSelectedPlan {
   size_t size() const { return matrices_.size(); }
   const std::vector<AdamwSelectedMatrix>& matrices() const { return matrices_; }
   const zf_adam_hparams& hparams() const { return hparams_; }
+  // The betas and eps of later runs (the engine's per-step hyper-parameters; checked by the
+  // caller with check_adam_hparams).
+  void set_hparams(const zf_adam_hparams& hparams) { hparams_ = hparams; }
 
  private:
   std::vector<AdamwSelectedMatrix> matrices_;

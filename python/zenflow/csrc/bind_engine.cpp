@@ -529,6 +529,28 @@ class PyEngine {
     bump_params();
   }
 
+  // The betas, eps and per-group weight decays of later steps (zf_engine_set_hyperparameters):
+  // no flush, no rebuild. weight_decays None keeps them.
+  void set_hyperparameters(const py::object& betas, const py::object& eps, const py::object& weight_decays) {
+    zf_engine* engine = live();
+    const py::object pair = as_fast_sequence(betas, "betas");
+    if (PySequence_Fast_GET_SIZE(pair.ptr()) != 2) throw py::value_error("betas: expected (beta1, beta2)");
+    const double beta1 = number(PySequence_Fast_GET_ITEM(pair.ptr(), 0), "betas[0]");
+    const double beta2 = number(PySequence_Fast_GET_ITEM(pair.ptr(), 1), "betas[1]");
+    const double epsilon = number(eps, "eps");
+    std::vector<double> decays;
+    if (!weight_decays.is_none()) {
+      const py::object list = as_fast_sequence(weight_decays, "weight_decays");
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(list.ptr());
+      for (Py_ssize_t g = 0; g < n; ++g)
+        decays.push_back(number(PySequence_Fast_GET_ITEM(list.ptr(), g), "weight_decays[" + std::to_string(g) + "]"));
+    }
+    call([&] {
+      return zf_engine_set_hyperparameters(engine, beta1, beta2, epsilon,
+                                           weight_decays.is_none() ? nullptr : decays.data(), decays.size());
+    });
+  }
+
   // Data parallel (zf_engine_refuse): this rank refuses `call` ("step", "flush", "save",
   // "load") before making it, so that every rank's call fails; nothing happens alone.
   void refuse(const std::string& call_name) {
@@ -812,6 +834,11 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
       .def("abort_step", &PyEngine::abort_step,
            "Discards an open split step (a failed backward): the engine is as before begin_step.")
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
+      .def("set_hyperparameters", &PyEngine::set_hyperparameters, py::arg("betas"), py::arg("eps"),
+           py::arg("weight_decays") = py::none(),
+           "Adam's betas and eps and each group's weight decay for every later step (engine.h: "
+           "zf_engine_set_hyperparameters): nothing is flushed or rebuilt; a window's host update uses its last "
+           "step's values.")
       .def("refuse", &PyEngine::refuse, py::arg("call"),
            "Data parallel: this rank refuses `call` ('step', 'flush', 'save', 'load') before making it; "
            "every rank's call fails. Does nothing without collectives.")
