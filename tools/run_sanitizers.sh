@@ -13,15 +13,17 @@
 # tools/run_fuzz.sh only the tests are left to build). TSan: build-tsan/ with the default
 # compiler. ZENFLOW_SANITIZE_BUILD_PREFIX moves both (PREFIX-asan, PREFIX-tsan).
 #
-# Tests run two at a time (ctest -j, ZENFLOW_SANITIZE_JOBS), except those that measure time
-# or wait with a deadline (the executor's latency and concurrency tests, the in-process
-# collectives' timeout, the fork tests): they run one at a time afterwards, since a second
-# test beside them under the sanitizers' slowdown would skew what they measure.
+# Tests run in parallel (ctest -j; ZENFLOW_SANITIZE_JOBS overrides the count): under ASan one
+# per core, under TSan four per core, since a TSan process sleeps 1 s at exit (its
+# atexit_sleep_ms, to catch races with threads that outlive main) and its tests mostly wait.
+# The tests that measure time or wait with a deadline (the executor's latency and concurrency
+# tests, the in-process collectives' timeout, the fork tests) run one at a time afterwards,
+# since tests beside them under the sanitizers' slowdown would skew what they measure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 prefix=${ZENFLOW_SANITIZE_BUILD_PREFIX:-build}
-jobs=${ZENFLOW_SANITIZE_JOBS:-2}
+cores=$(nproc 2> /dev/null || echo 2)
 serial='^(Executor|WorkQueue|ThreadPool|ParallelRuntime|Fork|InProcessCollectives)\.'
 if [ $# -eq 0 ]; then set -- address,undefined thread; fi
 
@@ -31,11 +33,13 @@ for sanitizers in "$@"; do
   case "$sanitizers" in
     address,undefined)
       build_dir=$prefix-asan
+      jobs=${ZENFLOW_SANITIZE_JOBS:-$cores}
       echo "run_sanitizers.sh: [$sanitizers] configure and build in $build_dir (Clang, the fuzzer's tree)" >&2
       bash tools/asan_tree.sh
       ;;
     thread)
       build_dir=$prefix-tsan
+      jobs=${ZENFLOW_SANITIZE_JOBS:-$((4 * cores))}
       echo "run_sanitizers.sh: [$sanitizers] configure and build in $build_dir" >&2
       # RelWithDebInfo: optimised like the shipped library (the sanitizers then see the code
       # the compiler really generates), with line numbers in the reports.
