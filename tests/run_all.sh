@@ -43,7 +43,8 @@ fi
 phase "Python tests (pytest, against the installed zenflow)"
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 status=0
-python -m pytest tests/python -q -rs || status=$?
+# --durations: the slowest tests, in the log, for whoever next looks at CI's time.
+python -m pytest tests/python -q -rs --durations=15 || status=$?
 if [ "$status" -eq 5 ]; then
   echo "run_all.sh: pytest collected no tests" >&2
   exit 1
