@@ -60,7 +60,7 @@ def bench(case: str, dtype: torch.dtype, elements: int, rounds: int) -> dict:
     n_elem = sum(g.numel() for g in grads)
     grad_bytes = sum(g.numel() * g.element_size() for g in grads)
     outs = [torch.empty(g.shape[1]) for g in grads]
-    copy_src = torch.randn(grad_bytes // 4)
+    copy_src = torch.randn(grad_bytes // 4, generator=gen)
     copy_dst = torch.empty_like(copy_src)
 
     def run_zenflow():

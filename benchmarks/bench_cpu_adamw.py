@@ -177,7 +177,7 @@ def fp32_state(n: int, seed: int):
 
 
 def bench_plain_step(n: int, threads: int, roof, deepspeed_cls) -> list:
-    grad = torch.randn(n)
+    grad = torch.randn(n, generator=torch.Generator().manual_seed(0))
     candidates = {}
     keep = []
 
@@ -465,7 +465,8 @@ def bench_defaults(cases: list, dtypes: list, reps: int, shipped_only: bool = Fa
     rows = []
     for label, shapes in cases:
         n = sum(int(torch.Size(s).numel()) for s in shapes)
-        roof_arrays = [torch.randn(n) for _ in range(4)] if roof is not None else []
+        gen = torch.Generator().manual_seed(4)
+        roof_arrays = [torch.randn(n, generator=gen) for _ in range(4)] if roof is not None else []
         threads = zenflow.get_num_threads()
 
         def roof_step(arrays=roof_arrays, n=n, threads=threads):

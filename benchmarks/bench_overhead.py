@@ -212,9 +212,10 @@ def python_rows(count: int, rows: int, cols: int, k: int, reps: int) -> list[dic
 
 
 def cpu_adamw_row(count: int, rows: int, cols: int, reps: int) -> dict:
-    params = [torch.randn(rows, cols, requires_grad=True) for _ in range(count)]
+    gen = torch.Generator().manual_seed(2)
+    params = [torch.randn(rows, cols, generator=gen).requires_grad_() for _ in range(count)]
     for p in params:
-        p.grad = torch.randn(rows, cols)
+        p.grad = torch.randn(rows, cols, generator=gen)
     opt = zenflow.CPUAdamW(params, lr=1e-9)
     return {"op": "CPUAdamW.step()", "many_ms": median_ms(opt.step, reps), "one_ms": float("nan")}
 

@@ -240,8 +240,12 @@ void fuzz_engine(Input& in, Arena& arena) {
     place(t, in, arena);
     buffers.push_back(t);
   }
+  // Small counters, and now and then one at or next to INT64_MAX (no room for another step).
   int64_t counters[ZF_ENGINE_STATE_COUNTERS];
-  for (int64_t& c : counters) c = static_cast<int64_t>(in.byte() % 8) - 1;
+  for (int64_t& c : counters) {
+    const uint8_t b = in.byte();
+    c = b % 32 == 31 ? INT64_MAX - (b / 32) % 2 : static_cast<int64_t>(b % 8) - 1;
+  }
   const size_t load_count = in.byte() % 8 == 0 ? buffers.size() + 1 : buffers.size();
   std::vector<zf_tensor> padded = buffers;
   padded.resize(load_count, zf_tensor{});

@@ -32,19 +32,19 @@ phase "C/C++ tests (ctest)"
 ctest --test-dir "$build_dir" --output-on-failure
 
 # ---- libzenflow for other runtimes: the installed package, its exports, and the C ABI fuzzed
-phase "installed package: exports, cmake --install, CMake and pkg-config consumers (tools/test_install.sh)"
-bash tools/test_install.sh
-fuzz_seconds=${ZENFLOW_FUZZ_SECONDS:-60}
-if [ "$fuzz_seconds" != 0 ]; then
-  phase "fuzz the C ABI for $fuzz_seconds s (tools/run_fuzz.sh; ZENFLOW_FUZZ_SECONDS=0 skips it)"
-  ZENFLOW_FUZZ_SECONDS=$fuzz_seconds bash tools/run_fuzz.sh
+phase "installed package from $build_dir: exports, cmake --install, CMake and pkg-config consumers (tools/test_install.sh)"
+ZENFLOW_INSTALL_BUILD_DIR=$build_dir bash tools/test_install.sh
+if [ "${ZENFLOW_FUZZ:-1}" != 0 ]; then
+  phase "fuzz the C ABI: the corpus, then the fixed campaign (tools/run_fuzz.sh; ZENFLOW_FUZZ=0 skips it)"
+  bash tools/run_fuzz.sh
 fi
 # ---- end of the installed-package and fuzz block
 
 phase "Python tests (pytest, against the installed zenflow)"
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 status=0
-python -m pytest tests/python -q -rs || status=$?
+# --durations: the slowest tests, in the log, for whoever next looks at CI's time.
+python -m pytest tests/python -q -rs --durations=15 || status=$?
 if [ "$status" -eq 5 ]; then
   echo "run_all.sh: pytest collected no tests" >&2
   exit 1

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The installed package, tested as a user would use it (issue 14): builds libzenflow alone
-# (host-only, no tests, no Python) in build-install/, checks its exports
-# (tools/check_exports.sh), runs `cmake --install` into a temporary prefix, checks the
-# installed tree (headers, versioned library and SONAME, CMake package, pkg-config file), then
-# builds the separate project tests/consumer/ against that prefix twice, once with CMake's
+# The installed package, tested as a user would use it (issue 14): builds libzenflow, checks
+# its exports (tools/check_exports.sh), runs `cmake --install` into a temporary prefix, checks
+# the installed tree (headers, versioned library and SONAME, CMake package, pkg-config file),
+# then builds the separate project tests/consumer/ against that prefix twice, once with CMake's
 # find_package(zenflow) and once with pkg-config, and runs both programs.
 #
-#   bash tools/test_install.sh      (run by tests/run_all.sh)
+#   bash tools/test_install.sh                                    # its own build-install/
+#   ZENFLOW_INSTALL_BUILD_DIR=build-tests bash tools/test_install.sh
 #
-# Lean: the library's objects are those of the test build (ccache hits them; only
-# common/cuda_info.cpp differs without CUDA), build-install/ is kept between runs, and the
-# consumer is one C file. ZENFLOW_INSTALL_BUILD_DIR moves the build directory.
+# With ZENFLOW_INSTALL_BUILD_DIR naming a configured build tree (tests/run_all.sh passes its
+# test build), that tree is installed as it is: libzenflow is built once per configuration
+# (issue 25). Otherwise build-install/ is configured as libzenflow alone (host-only, no tests,
+# no Python) and kept between runs. The consumer is one C file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,9 +22,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/zenflow-install-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 
-say "build libzenflow (CUDA off) in $build_dir"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=OFF \
-  -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
+if [ -n "${ZENFLOW_INSTALL_BUILD_DIR:-}" ] && [ -f "$build_dir/CMakeCache.txt" ]; then
+  say "build libzenflow in $build_dir (as configured there)"
+else
+  say "build libzenflow (CUDA off) in $build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=OFF \
+    -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
+fi
 cmake --build "$build_dir" --target zenflow
 bash tools/check_exports.sh "$build_dir/libzenflow.so"
 

@@ -16,7 +16,10 @@
 //
 // Step counts: every update block of a column reads steps[c] (the pre-increment count), so
 // none of them may write it; the second, small kernel bumps each count once, after the update
-// in stream order (no atomics, no workspace; a captured graph holds both nodes).
+// in stream order (no atomics, no workspace; a captured graph holds both nodes). Both take
+// the step from adam_next_step_count (adam_math.hpp), which saturates at INT32_MAX: counts
+// live on the device, where the host cannot check them at each step (the engine bounds them
+// on the host instead, docs/design.md section 8).
 //
 // The element math is adam_update_element (cpp/src/common/adam_math.hpp), the same function
 // the host twin calls, with every operation rounded as written there: bitwise equal results.
@@ -80,13 +83,6 @@ struct AdamwLaunchTable {
 // Row chunks of a matrix in the update grid.
 __host__ __device__ inline int64_t adamw_row_chunks(int64_t rows) {
   return (rows + kAdamwRowsPerBlock - 1) / kAdamwRowsPerBlock;
-}
-
-// The device's step for a stored count: the host rejects counts it cannot increment; here
-// nothing is read back, so a negative count counts as 0 and a count at INT32_MAX stays there
-// (optim.h documents both). Both kernels use it, so the update and the stored count agree.
-__device__ inline int32_t adamw_next_step(int32_t count_before) {
-  return count_before < 0 ? 1 : (count_before == INT32_MAX ? INT32_MAX : count_before + 1);
 }
 
 // Compact column c of `mat` as a matrix column, or -1 when c is past k or the index is outside
@@ -217,7 +213,7 @@ __global__ void __launch_bounds__(kAdamwThreads, kAdamwMinBlocksPerSm)
     if (column >= 0) {
       const double lr = table.lr_device != nullptr ? static_cast<double>(table.lr_device[mat.lr_index]) : mat.lr;
       const AdamHyperParams hyper{lr, table.beta1, table.beta2, table.eps, mat.weight_decay, table.decoupled != 0};
-      column_scalars[lane] = adam_step_scalars(hyper, adamw_next_step(mat.steps[c]));
+      column_scalars[lane] = adam_step_scalars(hyper, adam_next_step_count(mat.steps[c]));
     }
   }
   __syncthreads();
@@ -249,7 +245,7 @@ __global__ void __launch_bounds__(kAdamwStepThreads) adamw_count_steps_kernel(co
   const AdamwMatrix mat = table.matrices[adamw_find_matrix<&AdamwMatrix::first_step_block>(table, block)];
   const int64_t c = (block - mat.first_step_block) * kAdamwStepThreads + threadIdx.x;
   if (adamw_column(mat, c) < 0) return;
-  mat.steps[c] = adamw_next_step(mat.steps[c]);
+  mat.steps[c] = adam_next_step_count(mat.steps[c]);
 }
 
 }  // namespace cuda

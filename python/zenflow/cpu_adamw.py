@@ -137,6 +137,10 @@ class _FlatBatch:
 
     def load_state(self, state: dict) -> None:
         """Copies every existing state of the batch's parameters into the buffers."""
+        for p in self.params:  # every count first: a bad one changes nothing
+            entry = state.get(p)
+            if entry and "step" in entry:
+                _check_step(entry["step"])
         for i, p in enumerate(self.params):
             entry = state.get(p)
             self.states[i] = entry
@@ -222,6 +226,16 @@ class _FlatBatch:
             [steps[i] for i in index],
             [lrs[i] for i in index],
             [wds[i] for i in index],
+        )
+
+
+def _check_step(step) -> None:
+    """A loaded state's step count: in [0, 2**31 - 1), as the native step takes it (a NaN, an
+    infinity or a huge float would otherwise reach a float-to-integer conversion)."""
+    value = step.item() if isinstance(step, torch.Tensor) and step.numel() == 1 else step
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**31 - 1:
+        raise ValueError(
+            f"state: a parameter's 'step' is {value!r}, not a step count in [0, 2**31 - 1)"
         )
 
 

@@ -1150,6 +1150,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 entry[key] = mask.nonzero().flatten().to(torch.int32)
                 continue
             dtype = torch.int32 if key in _INT_KEYS else torch.float32
+            if key == "steps" and isinstance(saved[key], torch.Tensor):
+                _check_step_counts(f"{name}['steps']", saved[key])
             if key == "steps" and matrix and saved[key].numel() == 1:
                 entry[key] = (
                     self._tensor(f"{name}['steps']", saved[key], dtype, None)
@@ -1172,9 +1174,17 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if key not in saved:
                 raise ValueError(f"{name}: missing {key!r} (not a torch.optim.AdamW state)")
         step = saved["step"]
-        step = int(step.item() if isinstance(step, torch.Tensor) else step)
-        if step < 0 or step >= 2**31 - 1:
-            raise ValueError(f"{name}['step']: {step} is out of range")
+        step = step.item() if isinstance(step, torch.Tensor) else step
+        # NaN and infinities too: int() of them raises errors that name nothing.
+        if (
+            isinstance(step, bool)
+            or not isinstance(step, (int, float))
+            or not 0 <= step < _STEP_LIMIT
+        ):
+            raise ValueError(
+                f"{name}['step']: {step!r} is out of range (a step count in [0, 2**31 - 1))"
+            )
+        step = int(step)
         moments = {
             key: self._tensor(f"{name}[{key!r}]", saved[key], torch.float32, tuple(p.shape))
             for key in ("exp_avg", "exp_avg_sq")
@@ -1182,6 +1192,24 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         entry = _fresh_entry(p, matrix, moments)
         entry["steps"].fill_(step)
         return entry
+
+
+# The engine's Adam step counts are int32 and must leave room for one more step: [0, 2**31 - 1).
+_STEP_LIMIT = 2**31 - 1
+
+
+def _check_step_counts(name: str, value: torch.Tensor) -> None:
+    """Refuses counts outside [0, 2**31 - 1) before they are converted to int32, where an int64
+    or float count would wrap or truncate into another, valid-looking count."""
+    if value.numel() == 0:
+        return
+    counts = value.detach()
+    if counts.is_complex() or counts.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer step counts, got {counts.dtype}")
+    bad = ~((counts >= 0) & (counts < _STEP_LIMIT))  # NaN fails both comparisons
+    if bool(bad.any()):
+        first = counts.flatten()[bad.flatten()][0].item()
+        raise ValueError(f"{name}: step count {first!r} is out of range [0, 2**31 - 1)")
 
 
 def stall_seconds(stats: dict[str, Any]) -> float:

@@ -453,6 +453,48 @@ TEST(AdamwSelected, PlanRunsWithFreshPointersAsTheCEntryPoint) {
   EXPECT_EQ(by_plan.steps, by_call.steps);
 }
 
+// The step that follows a stored count, on the host and in the CUDA kernels alike: a count at
+// INT32_MAX stays there (never INT32_MAX + 1, a signed overflow), a negative one counts as 0.
+TEST(AdamNextStepCount, SaturatesAtInt32Max) {
+  EXPECT_EQ(zf::adam_next_step_count(0), 1);
+  EXPECT_EQ(zf::adam_next_step_count(41), 42);
+  EXPECT_EQ(zf::adam_next_step_count(-7), 1);
+  EXPECT_EQ(zf::adam_next_step_count(INT32_MAX - 1), INT32_MAX);
+  EXPECT_EQ(zf::adam_next_step_count(INT32_MAX), INT32_MAX);
+  EXPECT_EQ(zf::adam_next_step_count(INT32_MIN), 1);
+}
+
+// The plan runs without the entry point's checks (the engine runs it every step, its counts
+// bounded by the engine): a count at INT32_MAX takes step INT32_MAX and stays, bit for bit as
+// a count of INT32_MAX - 1 would, as in the CUDA kernel. The sanitizer builds see no overflow.
+TEST(AdamwSelected, PlanSaturatesACountAtInt32Max) {
+  std::mt19937_64 rng(14);
+  const Case original = make_case(ZF_DTYPE_BF16, ZF_DTYPE_BF16, 9, 17, 5, true, rng);
+  Case at_max = original, below_max = original;
+  std::fill(at_max.steps.begin(), at_max.steps.end(), INT32_MAX);
+  std::fill(below_max.steps.begin(), below_max.steps.end(), INT32_MAX - 1);
+  zf::AdamwSelectedPlan plan({{9, 17, 5, ZF_DTYPE_BF16, ZF_DTYPE_BF16, true}}, zenflow::adam_hparams());
+  auto pool = zf::global_thread_pool();
+  for (Case* c : {&at_max, &below_max}) {
+    const zf::AdamwSelectedPointers pointers{c->param.data(),
+                                             c->grad.data(),
+                                             c->selected.data(),
+                                             c->master.data(),
+                                             c->exp_avg.data(),
+                                             c->exp_avg_sq.data(),
+                                             c->steps.data(),
+                                             1e-3,
+                                             0.01};
+    plan.run(*pool, &pointers, 1.0f);
+  }
+  EXPECT_EQ(at_max.param.half, below_max.param.half);
+  EXPECT_EQ(at_max.master, below_max.master);
+  EXPECT_EQ(at_max.exp_avg, below_max.exp_avg);
+  EXPECT_NE(at_max.param.half, original.param.half);
+  EXPECT_EQ(at_max.steps, std::vector<int32_t>(5, INT32_MAX));
+  EXPECT_EQ(below_max.steps, std::vector<int32_t>(5, INT32_MAX));
+}
+
 // beta^step without libm (host and device compute it alike): correctly rounded on cases
 // checked in exact rational arithmetic (where glibc's pow is one ulp off), and never more
 // than one ulp from pow over small and huge steps.

@@ -654,6 +654,46 @@ TEST(SkipColumnsFlags, ZeroGradOnlyWhenAskedAndCountsUsedAsGiven) {
   EXPECT_EQ(matrices[0].steps, before[0].steps);
 }
 
+// The column step's plan runs without the entry point's count checks (the engine runs it at
+// every window close, its counts bounded by the engine): with ZF_CPU_ADAMW_INCREMENT_STEPS a
+// count at INT32_MAX takes step INT32_MAX and stays, as a count of INT32_MAX - 1 would, never
+// INT32_MAX + 1 (a signed overflow the sanitizer builds would report).
+TEST(SkipColumnsFlags, PlanSaturatesACountAtInt32Max) {
+  std::mt19937_64 rng(10);
+  const std::vector<ColumnMatrix> start = {random_column_matrix(12, 5, {2, 7}, rng)};
+  std::vector<ColumnMatrix> at_max = start, below_max = start;
+  for (size_t j = 0; j < 12; ++j) {
+    at_max[0].steps[j] = j % 2 == 0 ? INT32_MAX : 3;  // runs of the two counts
+    below_max[0].steps[j] = j % 2 == 0 ? INT32_MAX - 1 : 3;
+  }
+  std::vector<float> grad(60);
+  std::normal_distribution<float> normal;
+  for (float& g : grad) g = normal(rng);
+  const zf_tensor selected = i32_tensor(at_max[0].selected);
+  const zf_tensor grad_tensor = f32_tensor(grad, {12, 5});
+  const uint32_t flags = ZF_CPU_ADAMW_INCREMENT_STEPS;
+  for (std::vector<ColumnMatrix>* matrices : {&at_max, &below_max}) {
+    const zf_column_state state = (*matrices)[0].state();
+    zf::ColumnStepPlan plan;
+    plan.build(&state, &selected, 1, &grad_tensor, nullptr, nullptr);
+    const double lr = kLr, weight_decay = kWeightDecay;
+    plan.run(*zf::global_thread_pool(), zf::ColumnStepPointers{&state, &grad_tensor, nullptr, nullptr},
+             zf::AdamRunValues{&lr, &weight_decay, zenflow::adam_hparams(), 1.0f, flags});
+  }
+  EXPECT_EQ(at_max[0].master, below_max[0].master);
+  EXPECT_EQ(at_max[0].exp_avg, below_max[0].exp_avg);
+  // Unselected columns: even ones at INT32_MAX either way, odd ones 3 + 1; selected ones as given.
+  std::vector<int32_t> expected_at_max(12), expected_below_max(12);
+  for (size_t j = 0; j < 12; ++j) {
+    expected_at_max[j] = j % 2 == 0 ? INT32_MAX : 4;
+    expected_below_max[j] = expected_at_max[j];
+  }
+  expected_below_max[2] = INT32_MAX - 1;
+  expected_at_max[7] = expected_below_max[7] = 3;
+  EXPECT_EQ(at_max[0].steps, expected_at_max);
+  EXPECT_EQ(below_max[0].steps, expected_below_max);
+}
+
 // ---- accumulate ----
 
 class Accumulate : public ::testing::TestWithParam<std::tuple<zf_simd_level, zf_dtype>> {};

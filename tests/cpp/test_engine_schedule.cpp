@@ -145,4 +145,44 @@ TEST(EngineSchedule, CountersRoundTrip) {
   EXPECT_THROW(b.check(counters), zf::Error);
 }
 
+// Counters at INT64_MAX: such a state does not load, and a schedule one step short of it takes
+// that step and then refuses the next (the engine asks before every step).
+TEST(EngineSchedule, CountersStopBeforeInt64Max) {
+  for (int counter :
+       {int{ZF_COUNTER_STEP}, int{ZF_COUNTER_WINDOW}, int{ZF_COUNTER_SINCE_SELECTION}, int{ZF_COUNTER_SELECTIONS}}) {
+    ScheduleConfig c;
+    c.update_interval = 1;  // every step starts a window; selects every step, or (auto) never again
+    c.strategy = counter == ZF_COUNTER_SINCE_SELECTION ? ZF_SELECT_AUTO : ZF_SELECT_STEP;
+    c.select_interval = 1;
+    int64_t counters[ZF_ENGINE_STATE_COUNTERS] = {};
+    counters[ZF_COUNTER_SELECTIONS] = 1;  // as after one step
+    counters[ZF_COUNTER_SINCE_SELECTION] = 1;
+    counters[counter] = INT64_MAX;
+    Schedule s(c);
+    EXPECT_THROW(s.check(counters), zf::Error) << "counter " << counter;
+    counters[counter] = INT64_MAX - 1;
+    s.check(counters);
+    s.load(counters);
+    s.check_room();
+    s.begin_step();
+    s.end_step(0, 0);
+    EXPECT_THROW(s.check_room(), zf::Error) << "counter " << counter;
+  }
+}
+
+// An epoch period past INT64_MAX steps (select_interval times steps_per_epoch) is "never
+// again", not a wrapped, negative product.
+TEST(EngineSchedule, EpochPeriodPastInt64MaxIsNever) {
+  ScheduleConfig c;
+  c.strategy = ZF_SELECT_EPOCH;
+  c.select_interval = int64_t{1} << 40;
+  c.steps_per_epoch = int64_t{1} << 40;
+  EXPECT_EQ(Schedule(c).select_period(), INT64_MAX);
+  c.select_interval = 3;
+  c.steps_per_epoch = INT64_MAX / 3;
+  EXPECT_EQ(Schedule(c).select_period(), INT64_MAX / 3 * 3);
+  const Trace t = run(c, 5);
+  EXPECT_EQ(t.selects, (std::vector<int64_t>{1}));
+}
+
 }  // namespace

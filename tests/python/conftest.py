@@ -1,15 +1,19 @@
-"""Shared fixtures: SIMD levels to sweep, GPU skipping, restoring global settings, and an
-optional per-test time limit (ZENFLOW_TEST_TIMEOUT_S, set by benchmarks/device/check.sh)."""
+"""Shared fixtures: SIMD levels to sweep, GPU skipping, restoring global settings, fixed
+seeds for every test, and an optional per-test time limit (ZENFLOW_TEST_TIMEOUT_S, set by
+benchmarks/device/check.sh)."""
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import random
 import signal
 import sys
 import threading
 
+import numpy as np
 import pytest
+import torch
 
 import zenflow
 
@@ -38,6 +42,16 @@ def pytest_runtest_call(item):
         signal.setitimer(signal.ITIMER_REAL, 0)
         faulthandler.cancel_dump_traceback_later()
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def fixed_seeds():
+    """Every test starts from the same seeds (torch, numpy, random), whatever ran before it or
+    whether it runs alone: a test that draws random inputs without a generator of its own
+    draws the same ones in every run, so CI passes or fails the same way every time."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
 
 
 def pytest_collection_modifyitems(config, items):

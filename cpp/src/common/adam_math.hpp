@@ -138,6 +138,16 @@ ZF_HOST_DEVICE static inline double adam_beta_power(double beta, int64_t step) {
   return result.hi;
 }
 
+// The Adam step that follows a stored int32 count, and the count stored after it. The host
+// checks refuse, before anything is written, any count a call cannot increment (a plain op's
+// validation, and the engine's check at every step and load); this is the last line behind
+// them, where the CUDA kernels read counts the host never sees: a negative count counts as 0
+// and a count at INT32_MAX stays there, so no path ever computes INT32_MAX + 1 (signed
+// overflow). Host twins and kernels share it, so they agree even there.
+ZF_HOST_DEVICE static inline int32_t adam_next_step_count(int32_t count_before) {
+  return count_before < 0 ? 1 : (count_before == INT32_MAX ? INT32_MAX : count_before + 1);
+}
+
 // Everything but the step is per (lr, weight decay): computed once per call or per block.
 // Every double operation is written out, so that no compiler can fuse 1 - lr * wd.
 ZF_HOST_DEVICE static inline AdamStepScalars adam_step_scalars(const AdamHyperParams& h, int64_t step) {

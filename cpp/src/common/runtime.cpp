@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
 #include "zenflow/zenflow.h"
 
@@ -23,7 +24,7 @@ ZF_API const char* zf_version(void) { return ZENFLOW_VERSION_STRING; }
 ZF_API const char* zf_last_error(void) { return zf::last_error_text.c_str(); }
 
 ZF_API const char* zf_status_string(zf_status status) {
-  switch (status) {
+  switch (zf::raw_enum_value(status)) {  // a C caller may pass any int
     case ZF_SUCCESS:
       return "success";
     case ZF_ERROR_INVALID_VALUE:
@@ -43,7 +44,7 @@ ZF_API const char* zf_status_string(zf_status status) {
 }
 
 ZF_API const char* zf_dtype_name(zf_dtype dtype) {
-  switch (dtype) {
+  switch (zf::raw_enum_value(dtype)) {  // a C caller may pass any int
     case ZF_DTYPE_F32:
       return "f32";
     case ZF_DTYPE_F16:
@@ -59,7 +60,7 @@ ZF_API const char* zf_dtype_name(zf_dtype dtype) {
 }
 
 ZF_API size_t zf_dtype_size(zf_dtype dtype) {
-  switch (dtype) {
+  switch (zf::raw_enum_value(dtype)) {  // a C caller may pass any int
     case ZF_DTYPE_F32:
     case ZF_DTYPE_I32:
       return 4;

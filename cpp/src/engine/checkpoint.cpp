@@ -221,17 +221,20 @@ void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const 
     require(same, ZF_ERROR_INVALID_VALUE, name, ": params[", param, "] ", kind_name(want.kind),
             " has another shape than this engine's (a state of another model?)");
     if (want.kind == ZF_STATE_STEPS) {
+      // A count the next step could not increment (INT32_MAX) is refused here, as any later
+      // step would be (check_counters_have_room).
       const auto* s = static_cast<const int32_t*>(b.data);
       for (int64_t j = 0; j < numel(b); ++j)
         require(s[j] >= 0 && s[j] < INT32_MAX, ZF_ERROR_INVALID_VALUE, name, ": params[", param, "] steps[", j,
-                "] = ", s[j], " is out of range");
+                "] = ", s[j], " is out of range (Adam step counts are in [0, INT32_MAX): one more step must fit)");
     }
   }
   schedule_.check(counters);
   require(counters[ZF_COUNTER_GROWTH_TRACKER] >= 0 && counters[ZF_COUNTER_GROWTH_TRACKER] < config_.growth_interval,
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_GROWTH_TRACKER}, "]: out of range");
-  require(counters[ZF_COUNTER_SKIPPED] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_SKIPPED},
-          "]: negative");
+  require(counters[ZF_COUNTER_SKIPPED] >= 0 && counters[ZF_COUNTER_SKIPPED] < INT64_MAX, ZF_ERROR_INVALID_VALUE,
+          "counters[", int{ZF_COUNTER_SKIPPED}, "]: ", counters[ZF_COUNTER_SKIPPED],
+          " skipped steps is out of range [0, INT64_MAX)");
   require(counters[ZF_COUNTER_STEPS_ACCUMULATED] >= 0 && counters[ZF_COUNTER_STEPS_ACCUMULATED] < INT32_MAX,
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_STEPS_ACCUMULATED}, "]: steps accumulated out of range");
   require(counters[ZF_COUNTER_UPDATE_PENDING] == 0 || counters[ZF_COUNTER_UPDATE_PENDING] == 1, ZF_ERROR_INVALID_VALUE,
@@ -274,8 +277,14 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   auto state_float = [state](size_t offset) { return reinterpret_cast<float*>(state + offset); };
   auto state_int = [state](size_t offset) { return reinterpret_cast<int32_t*>(state + offset); };
   bool reselect = false;
+  step_count_bound_ = 0;
   size_t e = 0;
   for (const Param& p : params_) {
+    // Every count of the state (data parallel: of every rank's columns, so that all ranks
+    // bound their counts alike), checked below INT32_MAX above.
+    const auto* counts = static_cast<const int32_t*>(buffers[e + 3].data);
+    for (int64_t j = 0; j < numel(buffers[e + 3]); ++j)
+      step_count_bound_ = std::max<int64_t>(step_count_bound_, counts[j]);
     const auto* master = static_cast<const float*>(buffers[e].data);
     const auto* exp_avg = static_cast<const float*>(buffers[e + 1].data);
     const auto* exp_avg_sq = static_cast<const float*>(buffers[e + 2].data);

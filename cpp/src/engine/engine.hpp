@@ -35,6 +35,13 @@ namespace zf {
 // Every region of the engine's device memory starts 256-byte aligned.
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Adds `amount` (>= 0) to a statistics counter (>= 0) that stops at INT64_MAX instead of
+// overflowing: a byte count of a long run must not wrap to a negative one (docs/design.md
+// section 8, "Counters").
+inline void add_saturating(int64_t& counter, int64_t amount) {
+  counter = amount > INT64_MAX - counter ? INT64_MAX : counter + amount;
+}
+
 // One engine's place in a group over several devices (engine_group.hpp): device `index` of
 // `count`, and the group's indices of its parameters and checkpoint buffers, which its error
 // messages name. The default is an engine of its own.
@@ -250,6 +257,9 @@ class Engine {
   void on_device_memory();
   void initialize_state();
   void check_usable() const;
+  // Refuses a step, before it changes anything, when a counter it advances has no room left:
+  // an Adam step count (step_count_bound_), the schedule's counters, the skipped steps.
+  void check_counters_have_room() const;
   void check_grad(const zf_tensor& grad, size_t index) const;
   void check_lrs(const double* lrs, size_t lr_count) const;
   void run_step(const zf_tensor* grads, const double* lrs, bool stats_done);
@@ -413,6 +423,14 @@ class Engine {
   std::vector<uint8_t> submitted_flags_;
   std::vector<double> split_lrs_;
   bool split_has_lrs_ = false;
+
+  // An upper bound on every Adam step count of this engine (each column's, on either side,
+  // and each dense parameter's): the largest count loaded (0 when fresh) plus the steps taken
+  // since. A count grows by at most one per step that is not skipped (on the device at the
+  // step, on the host at most once per window of at least one step), so while this stays below
+  // INT32_MAX no int32 count can pass it; the engine refuses the step that would (CUDA counts
+  // are never read back to check them one by one).
+  int64_t step_count_bound_ = 0;
 
   // loss scaling and faults
   double loss_scale_ = 1.0;

@@ -183,7 +183,7 @@ void Engine::all_reduce(void* data, size_t count, zf_dtype dtype, int64_t* bytes
   if (count == 0) return;
   const zf_status status = comm_.all_reduce_sum(comm_.user, data, count, dtype, backend_->compute_stream());
   if (status != ZF_SUCCESS) collective_failed("all_reduce_sum", status);
-  *bytes += static_cast<int64_t>(count * zf_dtype_size(dtype));
+  add_saturating(*bytes, static_cast<int64_t>(count * zf_dtype_size(dtype)));
 }
 
 namespace {
@@ -337,7 +337,8 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
       const zf_status status =
           comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
       if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
-      collective_gradient_bytes_ += static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_));
+      add_saturating(collective_gradient_bytes_,
+                     static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
       backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), shard);
     }
   }
@@ -368,12 +369,13 @@ void Engine::gather_upload(Bucket& b) {
     backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
     backend_->copy_up(shard, upload_.data() + b.upload_offset, b.packed_bytes);
     backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
-    bytes_up_ += static_cast<int64_t>(b.packed_bytes);
+    add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
   }
   const zf_status status =
       comm_.all_gather(comm_.user, shard, scratch, b.chunk_elements, b.dtype, backend_->compute_stream());
   if (status != ZF_SUCCESS) collective_failed("all_gather", status);
-  collective_upload_bytes_ += static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_));
+  add_saturating(collective_upload_bytes_,
+                 static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
   bind_weights(b);
   for (int q = 0; q < world_; ++q)
     backend_->scatter(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),

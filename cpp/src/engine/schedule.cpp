@@ -14,8 +14,14 @@ int64_t Schedule::select_period() const {
     case ZF_SELECT_STEP:
       if (config_.select_interval > 0) return config_.select_interval;
       break;
-    case ZF_SELECT_EPOCH:
-      return (config_.select_interval > 0 ? config_.select_interval : 1) * config_.steps_per_epoch;
+    case ZF_SELECT_EPOCH: {
+      // A period past INT64_MAX steps is never reached: "never again", not a wrapped product.
+      int64_t period = 0;
+      if (__builtin_mul_overflow(config_.select_interval > 0 ? config_.select_interval : 1, config_.steps_per_epoch,
+                                 &period))
+        return never;
+      return period;
+    }
     case ZF_SELECT_AUTO:
       break;
   }
@@ -62,6 +68,14 @@ bool Schedule::matrix_due(const MatrixEnergy& e, int64_t steps_in_window) {
   return deferred >= selected;
 }
 
+void Schedule::check_room() const {
+  const int64_t limit = std::numeric_limits<int64_t>::max();
+  require(step_ < limit && window_ < limit && since_selection_ < limit && selections_ < limit, ZF_ERROR_INVALID_VALUE,
+          "step: a schedule counter is at INT64_MAX (step ", step_, ", window ", window_, ", since selection ",
+          since_selection_, ", selections ", selections_,
+          "); the engine refuses further steps and changed nothing (load a state with smaller counters)");
+}
+
 void Schedule::save(int64_t* c) const {
   c[ZF_COUNTER_STEP] = step_;
   c[ZF_COUNTER_WINDOW] = window_;
@@ -72,8 +86,11 @@ void Schedule::save(int64_t* c) const {
 }
 
 void Schedule::check(const int64_t* c) const {
-  for (int i = ZF_COUNTER_STEP; i <= ZF_COUNTER_HAS_PREVIOUS_WINDOW; ++i)
+  for (int i = ZF_COUNTER_STEP; i <= ZF_COUNTER_HAS_PREVIOUS_WINDOW; ++i) {
     require(c[i] >= 0, ZF_ERROR_INVALID_VALUE, "counters[", i, "]: negative (", c[i], ")");
+    require(c[i] < std::numeric_limits<int64_t>::max(), ZF_ERROR_INVALID_VALUE, "counters[", i,
+            "]: INT64_MAX, which no step can advance (a state that cannot take another step)");
+  }
   require(c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] <= 1, ZF_ERROR_INVALID_VALUE, "counters[",
           int{ZF_COUNTER_HAS_PREVIOUS_WINDOW}, "]: not 0 or 1");
   const int64_t bound = config_.update_interval > 0 ? config_.update_interval : config_.max_update_interval;

@@ -80,9 +80,13 @@ class Schedule {
   int64_t selections() const { return selections_; }
   bool has_previous_window() const { return has_previous_window_; }
 
+  // Throws zf::Error (INVALID_VALUE) when begin_step could take a counter past INT64_MAX.
+  void check_room() const;
+
   // Checkpoint: the counters above, in the order of ZF_COUNTER_STEP .. HAS_PREVIOUS_WINDOW.
   void save(int64_t* counters) const;
-  // Throws zf::Error (INVALID_VALUE) on an inconsistent set, changing nothing.
+  // Throws zf::Error (INVALID_VALUE) on an inconsistent set, or one with a counter that no
+  // step could advance (INT64_MAX), changing nothing.
   void check(const int64_t* counters) const;
   void load(const int64_t* counters);
 

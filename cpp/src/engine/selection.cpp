@@ -92,7 +92,7 @@ void Engine::select_columns() {
     }
   }
   if (!vectors.empty()) SelectTopkPlan(vectors).run(backend_->host_pool(), scores.data(), outputs.data());
-  if (schedule_.selections() > 1) ++reselections_;
+  if (schedule_.selections() > 1) add_saturating(reselections_, 1);
   for (size_t i = 0; i < matrices_.size(); ++i) {
     if (next[i] != matrices_[i].selected) exchange_columns(matrices_[i], next[i]);
   }

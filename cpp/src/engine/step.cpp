@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/error.hpp"
 #include "engine/engine.hpp"
@@ -31,6 +32,18 @@ void Engine::check_step_arguments(const zf_tensor* grads, size_t count, const do
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
   for (size_t i = 0; i < count; ++i) check_grad(grads[i], i);
   check_lrs(lrs, lr_count);
+  check_counters_have_room();
+}
+
+void Engine::check_counters_have_room() const {
+  require(step_count_bound_ < INT32_MAX, ZF_ERROR_INVALID_VALUE,
+          "step: an Adam step count may have reached INT32_MAX (2147483647), the most its int32 holds (the largest "
+          "count loaded plus the steps taken since is ",
+          step_count_bound_,
+          "); the engine refuses further steps and changed nothing (load a state with smaller counts)");
+  schedule_.check_room();
+  require(skipped_steps_ < INT64_MAX, ZF_ERROR_INVALID_VALUE,
+          "step: the count of skipped steps is at INT64_MAX; the engine refuses further steps and changed nothing");
 }
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
@@ -59,6 +72,7 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   require(!in_split_step_, ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open");
   poll_host_lane();
   check_lrs(lrs, lr_count);
+  check_counters_have_room();
   initialize_state();
   split_has_lrs_ = lrs != nullptr;
   split_lrs_.assign(lrs, lrs + (lrs ? lr_count : 0));
@@ -191,7 +205,7 @@ void Engine::defer_bucket_early(Bucket& b) {
   const size_t index = static_cast<size_t>(&b - buckets_.data());
   bucket_early_[index] = 1;
   early_buckets_.push_back(index);
-  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
+  add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 
 void Engine::release_early_buckets(const StepScalars* scalars) {
@@ -401,7 +415,10 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     if (s.nonfinite) {
       if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC) {
         ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
-        loss_scale_ *= config_.backoff_factor;
+        // Kept within fp32's normal range, as torch keeps its fp32 scale: the gradient scale,
+        // an fp32, is its inverse (a run that overflowed a few hundred steps in a row would
+        // otherwise reach an infinite gradient scale, and then 0 * inf).
+        loss_scale_ = std::max(loss_scale_ * config_.backoff_factor, double{std::numeric_limits<float>::min()});
         growth_tracker_ = 0;
         return false;
       }
@@ -416,13 +433,17 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     record_scalars_for_later();
   }
   if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC && ++growth_tracker_ >= config_.growth_interval) {
-    loss_scale_ *= config_.growth_factor;  // takes effect from the next step, as GradScaler.update()
+    // Takes effect from the next step, as GradScaler.update(), which also keeps the old scale
+    // when the grown one is not a finite fp32 (a run whose gradients never overflow: zeros).
+    const double grown = loss_scale_ * config_.growth_factor;
+    if (grown <= double{std::numeric_limits<float>::max()}) loss_scale_ = grown;
     growth_tracker_ = 0;
   }
   step_lrs_.resize(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) step_lrs_[g] = lrs ? lrs[g] : groups_[g].lr;
 
   step_kind_ = schedule_.begin_step();
+  ++step_count_bound_;  // checked below INT32_MAX before the step (check_counters_have_room)
   // 3. selection (after a flush), the lossless exchange (never in a step that started early)
   if (step_kind_.select) select_columns();
   // 4. AdamW of the selected columns and the dense parameters
@@ -527,7 +548,7 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   backend_->copy_down(host_slot, device_slot, kSlotHeaderBytes + b.packed_bytes);
   slot_copied_[slot] = backend_->record(Lane::kDown);
   slot_jobs_[slot] = submit_slot_accumulate(b, slot, slot_copied_[slot]);
-  bytes_down_ += static_cast<int64_t>(b.packed_bytes);
+  add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 
 void Engine::quiesce_host_lane() {
@@ -617,7 +638,7 @@ void Engine::finish_update(double* stall) {
     bind_weights(b);
     backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_upload);
     last_scatter_ = backend_->record(Lane::kCompute);
-    bytes_up_ += static_cast<int64_t>(b.packed_bytes);
+    add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
   }
   uploads_done_ = backend_->record(Lane::kUp);
 }
@@ -631,7 +652,7 @@ void Engine::close_window(bool warm_up) {
     start_update();
     finish_update(&stall_close_);
   }
-  if (!warm_up && had_steps) ++windows_;
+  if (!warm_up && had_steps) add_saturating(windows_, 1);
   for (Matrix& m : matrices_) {
     m.energy[0] = m.energy[1] = 0.0f;
     if (!warm_up && config_.selection_score == ZF_SCORE_WINDOW) {
@@ -648,7 +669,7 @@ void Engine::flush_internal() {
   finish_update(&ignored);
   if (steps_accumulated_ > 0) {
     start_update();
-    if (schedule_.step() > config_.full_warm_up_rounds) ++windows_;
+    if (schedule_.step() > config_.full_warm_up_rounds) add_saturating(windows_, 1);
     finish_update(&ignored);
   }
   wait_all_slots(&ignored);

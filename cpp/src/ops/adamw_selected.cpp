@@ -53,7 +53,7 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
       const int32_t count = pointers[i].steps[c];
       if (!have_previous || count != previous_count || hyper.lr != previous_lr ||
           hyper.weight_decay != previous_weight_decay) {
-        previous = adam_step_scalars(hyper, int64_t{count} + 1);
+        previous = adam_step_scalars(hyper, adam_next_step_count(count));
         previous_count = count;
         previous_lr = hyper.lr;
         previous_weight_decay = hyper.weight_decay;
@@ -155,7 +155,7 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
     });
   }
   for (size_t i = 0; i < matrices_.size(); ++i) {
-    for (int64_t c = 0; c < matrices_[i].k; ++c) pointers[i].steps[c] += 1;
+    for (int64_t c = 0; c < matrices_[i].k; ++c) pointers[i].steps[c] = adam_next_step_count(pointers[i].steps[c]);
   }
 }
 

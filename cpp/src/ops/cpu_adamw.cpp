@@ -417,8 +417,8 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
       const int32_t count = counts[column];
       int64_t stop = column + 1;
       while (stop < end && counts[stop] == count) ++stop;
-      const int64_t step = static_cast<int64_t>(count) + (increment ? 1 : 0);
-      if (increment) std::fill(counts + column, counts + stop, count + 1);
+      const int32_t step = increment ? adam_next_step_count(count) : count;
+      if (increment) std::fill(counts + column, counts + stop, step);
       const int64_t packed_offset = layout_.index(i, packed_column, 0);
       pieces_.add(i, column * matrix.rows, packed_grads_ ? packed_offset : column * matrix.rows, packed_offset,
                   (stop - column) * matrix.rows, scalars_.index_of(values.lr[i], values.weight_decay[i], step));

@@ -132,8 +132,9 @@ ZF_API const char* zf_simd_environment_warning(void) { return state().environmen
 namespace {
 // The value a caller passed, read as the integer it is: a C caller may pass any int, and
 // converting one outside the enumerators to zf_simd_level in C++ is undefined, so the range
-// is checked on the raw bits before the value is used as the enum.
-int raw_level_value(zf_simd_level level) {
+// is checked on the raw bits before the value is used as the enum. By reference: a copy of
+// the parameter would itself load it as the enum (Clang's -fsanitize=enum reports that load).
+int raw_level_value(const zf_simd_level& level) {
   static_assert(sizeof(zf_simd_level) == sizeof(int), "zf_simd_level is passed as an int by the C ABI");
   int raw;
   std::memcpy(&raw, &level, sizeof(raw));
