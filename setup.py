@@ -111,7 +111,7 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["zenflow", "zenflow.ops", "zenflow.bench"],
+    packages=["zenflow", "zenflow.ops", "zenflow.bench", "zenflow.integrations"],
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("zenflow._C")],
     cmdclass={"build_ext": CMakeBuild},
