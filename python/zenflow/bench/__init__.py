@@ -87,7 +87,7 @@ def run_optimizer(
             config.steps = steps
         if cases is not None:
             config.cases = tuple(cases)
-        if d != "cpu" and config.dtype == "float32":
+        if d != "cpu" and dtype is None:
             config.dtype = "bfloat16"  # what a GPU trains in
         report.sections += optimizer.run(config, progress)
     return report
