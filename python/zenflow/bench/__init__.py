@@ -18,6 +18,7 @@ The scripts in the repository's benchmarks/ call this same code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -129,7 +130,10 @@ def run_engine(
 
 def _emit(report: Report, args: argparse.Namespace) -> None:
     text = report.to_json() if args.json else report.to_markdown()
-    print(text)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.out is not None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import argparse
 import ctypes
 import datetime
 import gc
+import sys
 from pathlib import Path
 
 import torch
@@ -125,7 +126,7 @@ def cpu_adamw_main(
             ("300 tensors (a small model, 19.7M)", [(256, 256)] * 300),
             ("1 tensor of 64M", [(8192, 8192)]),
         ]
-        if any(a.startswith("--sizes") for a in (argv or [])):
+        if any(a.startswith("--sizes") for a in (sys.argv[1:] if argv is None else argv)):
             cases = [(f"1 tensor of {n}", [(int(float(n)),)]) for n in args.sizes.split(",")]
         if args.model_only:
             cases = [c for c in cases if c[0].startswith("300 tensors")]
