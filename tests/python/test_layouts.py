@@ -142,7 +142,7 @@ def refused_cases():
                 list(args),
             )
         )
-    out = torch.empty(N, M, dtype=torch.bfloat16)
+    out = torch.zeros(N, M, dtype=torch.bfloat16)
     cases.append(
         (
             "cpu_adamw_step out_params transposed",
