@@ -109,7 +109,9 @@ def test_report_ratios_and_headline():
     assert section.ratio(section.rows[0]) == pytest.approx(2.0)
     section.headline = "mean"  # a stall every third step shows in the mean only
     assert section.ratio(section.rows[0]) == pytest.approx(1.0)
-    report = Report("x", "cmd", roofs={"cpu": Roof(10.0, 12.0, 1, "cpu", 1)}, sections=[section])
+    report = Report(
+        "x", "cmd", roofs={"cpu": Roof(10.0, 12.0, 1, "cpu", 1, 11.0)}, sections=[section]
+    )
     section.rows[0].bytes_moved = 6e9  # 6 GB in 2 s (mean) = 3 GB/s = 25% of the 12 GB/s roof
     data = report.as_dict()
     row = data["sections"][0]["rows"][0]
