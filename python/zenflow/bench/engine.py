@@ -10,6 +10,10 @@ configurations run one after the other on the same gradients:
   * plain sync offload:  topk_ratio 0, update_interval 1, overlap_step False (ZeRO-Offload's
                          schedule: every column to the host every step, and wait for it).
 
+They run one after the other, not interleaved step by step: an overlapping engine's host
+update runs in the background into the steps that follow it, which would then be another
+configuration's steps, and measuring that interference is not the question here.
+
 Reported per configuration: the step time (fake device time + the engine call), the mean over
 the whole timed run (total / steps, window-close stalls included: the headline) and the
 median; the engine call alone; stall seconds per step by cause; host update and accumulate
