@@ -113,7 +113,7 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["zenflow", "zenflow.ops"],
+    packages=["zenflow", "zenflow.ops", "zenflow.bench", "zenflow.integrations"],
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("zenflow._C")],
     cmdclass={"build_ext": CMakeBuild},

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what tests/run_all.sh needs and a fresh machine may lack: pytest, numpy, cmake and
-# ninja from pip (into the active Python), GoogleTest from apt (root only; libgtest-dev), and
-# ccache when apt can provide it (optional: it only makes rebuilds faster). Installs nothing
-# that is already there.
+# ninja from pip (into the active Python), transformers, accelerate and lightning for the
+# integration tests (optional), GoogleTest from apt (root only; libgtest-dev), and ccache when
+# apt can provide it (optional: it only makes rebuilds faster). Installs nothing that is
+# already there.
 set -euo pipefail
 
 python=${PYTHON:-python}
@@ -20,6 +21,26 @@ command -v ninja > /dev/null || missing_pip+=(ninja)
 if [ ${#missing_pip[@]} -gt 0 ]; then
   say "pip install ${missing_pip[*]}"
   "$python" -m pip install -q --disable-pip-version-check "${missing_pip[@]}"
+fi
+
+# The integration tests (tests/python/test_integrations.py): zenflow's "integrations" extra.
+# Optional: without them those tests skip. torch is pinned to the installed build, so that
+# pip never swaps it for another (a bare torch requirement pulls a multi-GB CUDA build).
+# ZENFLOW_TEST_INTEGRATIONS=0 leaves them out.
+if [ "${ZENFLOW_TEST_INTEGRATIONS:-1}" != 0 ]; then
+  missing_integrations=()
+  "$python" -c "import transformers" 2>/dev/null || missing_integrations+=("transformers>=4.40")
+  "$python" -c "import accelerate" 2>/dev/null || missing_integrations+=("accelerate>=0.26")
+  "$python" -c "import lightning" 2>/dev/null || missing_integrations+=("lightning>=2.1")
+  if [ ${#missing_integrations[@]} -gt 0 ]; then
+    torch_version=$("$python" -c "import torch; print(torch.__version__)" 2>/dev/null || true)
+    constraints=$(mktemp)
+    [ -n "$torch_version" ] && echo "torch==$torch_version" > "$constraints"
+    say "pip install ${missing_integrations[*]} (torch kept at ${torch_version:-whatever pip picks})"
+    "$python" -m pip install -q --disable-pip-version-check -c "$constraints" "${missing_integrations[@]}" ||
+      say "could not install ${missing_integrations[*]}: the integration tests will skip"
+    rm -f "$constraints"
+  fi
 fi
 
 # GoogleTest: CMake's FindGTest looks for the headers and the static libraries.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The installed package, tested as a user would use it (issue 14): builds libzenflow, checks
-# its exports (tools/check_exports.sh), runs `cmake --install` into a temporary prefix, checks
-# the installed tree (headers, versioned library and SONAME, CMake package, pkg-config file),
+# The installed package, tested as a user would use it (issue 14): builds libzenflow and the
+# benchmark bin/zenflow_bench, checks the library's exports (tools/check_exports.sh), runs
+# `cmake --install` into a temporary prefix, checks the installed tree (headers, versioned
+# library and SONAME, CMake package, pkg-config file, bin/zenflow_bench, which it runs once),
 # then builds the separate project tests/consumer/ against that prefix twice, once with CMake's
 # find_package(zenflow) and once with pkg-config, and runs both programs.
 #
@@ -29,7 +30,7 @@ else
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZENFLOW_WITH_CUDA=OFF \
     -DZENFLOW_BUILD_PYTHON=OFF -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_EXAMPLES=OFF > /dev/null
 fi
-cmake --build "$build_dir" --target zenflow
+cmake --build "$build_dir" --target zenflow zenflow_bench
 bash tools/check_exports.sh "$build_dir/libzenflow.so"
 
 say "cmake --install into $prefix"
@@ -40,7 +41,7 @@ expected=(
   "$prefix/include/zenflow/zenflow.h" "$prefix/include/zenflow/engine.h" "$prefix/include/zenflow/zenflow.hpp"
   "$libdir/libzenflow.so.$version" "$libdir/libzenflow.so" "$libdir/cmake/zenflow/zenflowConfig.cmake"
   "$libdir/cmake/zenflow/zenflowConfigVersion.cmake" "$libdir/cmake/zenflow/zenflowTargets.cmake"
-  "$libdir/pkgconfig/zenflow.pc"
+  "$libdir/pkgconfig/zenflow.pc" "$prefix/bin/zenflow_bench"
 )
 for path in "${expected[@]}"; do
   [ -e "$path" ] || { say "FAIL: not installed: ${path#"$prefix"/}"; exit 1; }
@@ -51,6 +52,9 @@ case "$version" in 0.*) want_soname=libzenflow.so.$major_minor ;; *) want_soname
 [ "$soname" = "$want_soname" ] || { say "FAIL: SONAME '$soname', expected '$want_soname'"; exit 1; }
 [ -L "$libdir/$soname" ] || { say "FAIL: no $soname symlink"; exit 1; }
 bash tools/check_exports.sh "$libdir/libzenflow.so.$version"
+say "installed benchmark: bin/zenflow_bench (the installed library against plain C loops)"
+"$prefix/bin/zenflow_bench" --quick --rounds 1 --elements 65536 --json > "$work/bench.json"
+grep -q '"speedup_vs_peer"' "$work/bench.json" || { say "FAIL: zenflow_bench printed no ratios"; exit 1; }
 
 # The consumer runs from a copy, outside the source tree, so that nothing can reach back
 # into cpp/include or the build directory.

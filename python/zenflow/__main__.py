@@ -1,4 +1,5 @@
-"""Command line: `python -m zenflow info` and `python -m zenflow demo [options]`."""
+"""Command line: `python -m zenflow info`, `python -m zenflow demo [options]` and
+`python -m zenflow bench {ops,optimizer,engine,overhead} [options]`."""
 
 from __future__ import annotations
 
@@ -33,7 +34,16 @@ def main(argv: list[str] | None = None) -> int:
         help="train a small GPT three ways (AdamW, synchronous offload, zenflow)",
         add_help=False,
     )
+    sub.add_parser(
+        "bench",
+        help="microbenchmarks against their peers: ops, optimizer, engine (--quick, --json)",
+        add_help=False,
+    )
     args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
     if args.command == "demo":
         from .demo import main as demo_main
 

@@ -778,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "On a CPU-only machine zenflow removes the stall but sets cores aside for the "
             "background host update, while synchronous offload keeps every core for the model: "
-            "the step-time gain needs a GPU (--device cuda). See the README's demo section."
+            "the step-time gain needs a GPU (--device cuda). See docs/benchmarks.md, 'The demo'."
         )
         print()
     if config.out:

@@ -1,6 +1,7 @@
 // Descriptor validation at the C boundary, found by sanitizers and a descriptor fuzzer:
 // shape products that overflow, raw out-of-range enum values, empty descriptors on a bad
-// device, and the overlap check across all the buffers of a call.
+// device, the overlap check across all the buffers of a call, and the layout checks (a
+// tensor in another layout than the one another argument fixes, docs/c-api.md).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -164,6 +165,55 @@ TEST(Validation, ColumnStatsOutputsSharingMemoryAreRejected) {
   EXPECT_EQ(zf_column_stats(grads, outs, 2, &total_t, &flag_t, 0, nullptr, nullptr, nullptr), ZF_ERROR_INVALID_VALUE);
   EXPECT_NE(std::string(zf_last_error()).find("out_col_sq[1]"), std::string::npos) << zf_last_error();
   EXPECT_EQ(total, -1.0f);
+}
+
+// The host step reads its gradient in the host layout [n, m] that state.exp_avg gives: W's
+// own row-major gradient [m, n] is refused by name and nothing is written; the same elements
+// as a flat 1-D buffer are read as they are.
+TEST(Validation, HostStepRefusesAGradientInAnotherLayout) {
+  const int64_t m = 2, n = 3;
+  std::vector<float> master(n * m, 1.0f), exp_avg(n * m, 0.0f), exp_avg_sq(n * m, 0.0f), grad(n * m, 0.5f);
+  std::vector<int32_t> steps(n, 0);
+  zf_column_state state{tensor_2d(master.data(), ZF_DTYPE_F32, n, m), tensor_2d(exp_avg.data(), ZF_DTYPE_F32, n, m),
+                        tensor_2d(exp_avg_sq.data(), ZF_DTYPE_F32, n, m),
+                        zenflow::contiguous_tensor(steps.data(), ZF_DTYPE_I32, {n})};
+  const double lr = 1e-3, wd = 0.0;
+  const zf_adam_hparams hparams = ZF_ADAM_HPARAMS_DEFAULT;
+  const zf_tensor row_major = tensor_2d(grad.data(), ZF_DTYPE_F32, m, n);
+  EXPECT_EQ(zf_cpu_adamw_step_skip_columns(&state, nullptr, 1, &row_major, nullptr, nullptr, &lr, &wd, &hparams, 1.0f,
+                                           ZF_CPU_ADAMW_INCREMENT_STEPS),
+            ZF_ERROR_INVALID_VALUE);
+  const std::string message = zf_last_error();
+  EXPECT_NE(message.find("grads[0]: shape [2, 3] is not [3, 2], the host layout"), std::string::npos) << message;
+  EXPECT_EQ(master, std::vector<float>(n * m, 1.0f));
+  EXPECT_EQ(steps, std::vector<int32_t>(n, 0));
+
+  const zf_tensor flat = zenflow::contiguous_tensor(grad.data(), ZF_DTYPE_F32, {n * m});
+  EXPECT_EQ(zf_cpu_adamw_step_skip_columns(&state, nullptr, 1, &flat, nullptr, nullptr, &lr, &wd, &hparams, 1.0f,
+                                           ZF_CPU_ADAMW_INCREMENT_STEPS),
+            ZF_SUCCESS)
+      << zf_last_error();
+  EXPECT_EQ(steps, std::vector<int32_t>(n, 1));
+}
+
+// The device update reads its state in the compact layout [m, k]: a [k, m] state is refused.
+TEST(Validation, SelectedColumnsUpdateRefusesStateInAnotherLayout) {
+  const int64_t m = 3, n = 4, k = 2;
+  std::vector<float> w(m * n, 1.0f), g(m * n, 0.5f), exp_avg(k * m, 0.0f), exp_avg_sq(k * m, 0.0f);
+  std::vector<int32_t> selected = {0, 2}, steps(k, 0);
+  const zf_tensor w_t = tensor_2d(w.data(), ZF_DTYPE_F32, m, n), g_t = tensor_2d(g.data(), ZF_DTYPE_F32, m, n);
+  const zf_tensor selected_t = zenflow::contiguous_tensor(selected.data(), ZF_DTYPE_I32, {k});
+  const zf_column_state state{
+      zenflow::contiguous_tensor(nullptr, ZF_DTYPE_F32, {0}), tensor_2d(exp_avg.data(), ZF_DTYPE_F32, k, m),
+      tensor_2d(exp_avg_sq.data(), ZF_DTYPE_F32, k, m), zenflow::contiguous_tensor(steps.data(), ZF_DTYPE_I32, {k})};
+  const double lr = 1e-3, wd = 0.0;
+  const zf_adam_hparams hparams = ZF_ADAM_HPARAMS_DEFAULT;
+  EXPECT_EQ(zf_adamw_selected_columns(&w_t, &g_t, &selected_t, &state, 1, &lr, &wd, nullptr, &hparams, nullptr, nullptr,
+                                      nullptr),
+            ZF_ERROR_INVALID_VALUE);
+  const std::string message = zf_last_error();
+  EXPECT_NE(message.find("state[0].exp_avg: shape [2, 3] is not [3, 2]"), std::string::npos) << message;
+  EXPECT_EQ(w, std::vector<float>(m * n, 1.0f));
 }
 
 }  // namespace

@@ -11,7 +11,12 @@
  * unselected columns arrive in the packed buffer of zf_pack_columns (pack.h): one 1-D
  * buffer, matrix after matrix, each matrix's unselected columns in ascending order and
  * column-major; zf_packed_layout gives its offsets. The same buffer layout carries the
- * updated columns back (zf_scatter_columns).
+ * updated columns back (zf_scatter_columns). Arguments read in a layout that another one
+ * fixes must have its shape when they have two or more dimensions (zf_column_state, optim.h):
+ * W's own row-major gradient [m, n] where the host layout [n, m] is expected is refused,
+ * unless W is square, where the shapes agree and the layout is the caller's to honour. The
+ * whole-tensor steps read their tensors elementwise: 2-D (or more) tensors must have the
+ * shape of params[i] (grads[i] in the flat step); 1-D tensors are flat and read as they are.
  *
  * Arithmetic. The element update is torch.optim.AdamW's (or Adam's) on the CPU, with the
  * step-dependent scalars computed in double from double hyper-parameters as torch does

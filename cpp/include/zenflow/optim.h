@@ -26,6 +26,11 @@ extern "C" {
  *       contiguous), steps i32 [L]: the entering/leaving buffers of
  *       zf_exchange_selected_columns, zf_cpu_gather_columns and zf_cpu_scatter_columns.
  *
+ * Layout checks: a state tensor of two or more dimensions must have its layout's shape
+ * (size-1 dimensions aside), so a [k, m] state where [m, k] is expected is refused; a 1-D
+ * tensor is a flat buffer in the layout. A square state ([m, m]) cannot be told from its
+ * transpose: its layout is the caller's to honour.
+ *
  *   master      fp32 master copy of the columns, or an empty tensor (numel 0): none.
  *   exp_avg     fp32, Adam's first moment m.
  *   exp_avg_sq  fp32, Adam's second moment v.

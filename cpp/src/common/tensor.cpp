@@ -127,6 +127,13 @@ void check_ndim(const zf_tensor& t, const ArgName& name, int ndim) {
 
 void check_contiguous(const zf_tensor& t, const ArgName& name) {
   if (is_contiguous(t)) return;
+  // A transposed view (torch's x.t(), strides [1, rows]) is the likeliest cause: say so, since
+  // its shape alone looks right for an argument taken in the transposed layout.
+  if (t.ndim == 2 && t.strides[0] == 1 && t.strides[1] == t.shape[0]) {
+    fail(ZF_ERROR_INVALID_VALUE, name, ": is a transposed view (shape ", shape_string(t), ", strides [1, ", t.shape[0],
+         "]); every tensor is read row-major from its memory: pass a contiguous copy (x.t().contiguous()) in the "
+         "layout the call documents");
+  }
   fail(ZF_ERROR_INVALID_VALUE, name, ": expected a contiguous (row-major) tensor of shape ", shape_string(t),
        ", got non-contiguous strides");
 }
@@ -141,6 +148,51 @@ void check_same_device(const zf_tensor& t, const ArgName& name, const zf_device&
 void check_numel(const zf_tensor& t, const ArgName& name, int64_t expected) {
   if (numel(t) == expected) return;
   fail(ZF_ERROR_INVALID_VALUE, name, ": expected ", expected, " elements, got shape ", shape_string(t));
+}
+
+namespace {
+
+// The sizes of `shape` other than 1: the shape as a layout sees it.
+int squeezed(const int64_t* shape, int ndim, int64_t out[ZF_MAX_DIMS]) {
+  int count = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] != 1) out[count++] = shape[d];
+  }
+  return count;
+}
+
+bool same_squeezed(const int64_t* a, int a_ndim, const int64_t* b, int b_ndim) {
+  int64_t sa[ZF_MAX_DIMS], sb[ZF_MAX_DIMS];
+  const int na = squeezed(a, a_ndim, sa), nb = squeezed(b, b_ndim, sb);
+  if (na != nb) return false;
+  for (int d = 0; d < na; ++d) {
+    if (sa[d] != sb[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_matrix_layout(const zf_tensor& t, const ArgName& name, int64_t rows, int64_t cols, const char* layout,
+                         const ArgName& reference) {
+  if (t.ndim < 2 || numel(t) == 0) return;
+  const int64_t expected[2] = {rows, cols};
+  if (same_squeezed(t.shape, t.ndim, expected, 2)) return;
+  fail(ZF_ERROR_INVALID_VALUE, name, ": shape ", shape_string(t), " is not [", rows, ", ", cols, "], ", layout,
+       " given by ", reference,
+       " (the same elements in another shape would be read in the wrong order); pass it in "
+       "that shape, or flattened to 1-D if its elements are already in that order");
+}
+
+void check_same_layout(const zf_tensor& t, const ArgName& name, const zf_tensor& reference,
+                       const ArgName& reference_name) {
+  if (t.ndim < 2 || reference.ndim < 2 || numel(t) == 0) return;
+  if (same_squeezed(t.shape, t.ndim, reference.shape, reference.ndim)) return;
+  fail(ZF_ERROR_INVALID_VALUE, name, ": shape ", shape_string(t), " differs from the shape ", shape_string(reference),
+       " of ", reference_name,
+       " (the same number of elements in another layout, e.g. transposed, would update "
+       "the wrong elements); pass it in ",
+       reference_name, "'s shape, or flattened to 1-D");
 }
 
 void check_cpu(const zf_tensor& t, const ArgName& name) {

@@ -68,6 +68,18 @@ void check_contiguous(const zf_tensor& t, const ArgName& name);
 void check_same_device(const zf_tensor& t, const ArgName& name, const zf_device& expected,
                        const ArgName& expected_from);
 void check_numel(const zf_tensor& t, const ArgName& name, int64_t expected);
+// Layout checks for arguments that are checked by element count (docs/design.md section 4).
+// A tensor of two or more dimensions must have the shape its layout gives, size-1
+// dimensions aside: the same elements in another shape (a transposed [n, m] where [m, n] is
+// expected) would be read in the wrong order and update the wrong elements. A 0-D or 1-D
+// tensor is a flat buffer the caller laid out, read as it is. A square matrix cannot be
+// told from its transpose by its shape: the headers name every argument's layout.
+//   check_matrix_layout: `t` must be [rows, cols], the `layout` that `reference` gives.
+//   check_same_layout: `t` must have the shape of `reference` (when both have 2+ dims).
+void check_matrix_layout(const zf_tensor& t, const ArgName& name, int64_t rows, int64_t cols, const char* layout,
+                         const ArgName& reference);
+void check_same_layout(const zf_tensor& t, const ArgName& name, const zf_tensor& reference,
+                       const ArgName& reference_name);
 // A CPU tensor (host-only calls).
 void check_cpu(const zf_tensor& t, const ArgName& name);
 

@@ -227,6 +227,12 @@ zf_device validate(const zf_tensor* params, const zf_tensor* grads, const zf_ten
     check_master(state[i].master, master_name, view.rows * k, device, source);
     check_state_tensor(state[i].exp_avg, m_name, ZF_DTYPE_F32, view.rows * k, device, source);
     check_state_tensor(state[i].exp_avg_sq, v_name, ZF_DTYPE_F32, view.rows * k, device, source);
+    // The compact layout [m, k]: a [k, m] state (the host lists' layout) is refused.
+    const ArgName layout_source = selected ? selected_name : param_name;
+    const char* const compact = "the device (compact) layout";
+    check_matrix_layout(state[i].master, master_name, view.rows, k, compact, layout_source);
+    check_matrix_layout(state[i].exp_avg, m_name, view.rows, k, compact, layout_source);
+    check_matrix_layout(state[i].exp_avg_sq, v_name, view.rows, k, compact, layout_source);
     check_state_tensor(state[i].steps, steps_name, ZF_DTYPE_I32, k, device, source);
     if (device.type == ZF_DEVICE_CPU) {
       check_step_counts(static_cast<const int32_t*>(state[i].steps.data), k, steps_name, 0, 1);

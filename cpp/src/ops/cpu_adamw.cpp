@@ -53,6 +53,10 @@ inline const void* element_pointer(const void* base, zf_dtype dtype, int64_t ele
 }
 
 // A CPU tensor of one of `dtypes`, contiguous (and, by check_descriptor, aligned).
+// The layouts of docs/design.md section 4, as the layout checks name them.
+constexpr const char* kHostLayout = "the host layout (column-major: W [m, n] transposed)";
+constexpr const char* kListLayout = "the packed host list layout (one run of m values per column)";
+
 void check_host_tensor(const zf_tensor* t, const ArgName& name, std::initializer_list<zf_dtype> dtypes) {
   check_descriptor(t, name);
   check_cpu(*t, name);
@@ -212,14 +216,18 @@ void AdamwStepPlan::build(const zf_tensor* params, const zf_tensor* exp_avgs, co
     const int64_t elements = numel(params[i]);
     check_host_tensor(&exp_avgs[i], ArgName("exp_avgs", i), {ZF_DTYPE_F32});
     check_numel(exp_avgs[i], ArgName("exp_avgs", i), elements);
+    check_same_layout(exp_avgs[i], ArgName("exp_avgs", i), params[i], ArgName("params", i));
     check_host_tensor(&exp_avg_sqs[i], ArgName("exp_avg_sqs", i), {ZF_DTYPE_F32});
     check_numel(exp_avg_sqs[i], ArgName("exp_avg_sqs", i), elements);
+    check_same_layout(exp_avg_sqs[i], ArgName("exp_avg_sqs", i), params[i], ArgName("params", i));
     check_host_tensor(&grads[i], ArgName("grads", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
     check_numel(grads[i], ArgName("grads", i), elements);
+    check_same_layout(grads[i], ArgName("grads", i), params[i], ArgName("params", i));
     zf_dtype out_dtype = ZF_DTYPE_F32;
     if (out_params != nullptr) {
       check_host_tensor(&out_params[i], ArgName("out_params", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
       check_numel(out_params[i], ArgName("out_params", i), elements);
+      check_same_layout(out_params[i], ArgName("out_params", i), params[i], ArgName("params", i));
       out_dtype = out_params[i].dtype;
     }
     tensors.push_back(Tensor{elements, grads[i].dtype, out_dtype});
@@ -290,11 +298,13 @@ void AdamwFlatStepPlan::build(const zf_tensor* params, const zf_tensor* master, 
     if (params != nullptr) {
       check_host_tensor(&params[i], ArgName("params", i), {ZF_DTYPE_F32});
       check_numel(params[i], ArgName("params", i), elements);
+      check_same_layout(grads[i], ArgName("grads", i), params[i], ArgName("params", i));
     }
     zf_dtype out_dtype = ZF_DTYPE_F32;
     if (out_params != nullptr) {
       check_host_tensor(&out_params[i], ArgName("out_params", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
       check_numel(out_params[i], ArgName("out_params", i), elements);
+      check_same_layout(out_params[i], ArgName("out_params", i), grads[i], ArgName("grads", i));
       out_dtype = out_params[i].dtype;
     }
     tensors.push_back(Tensor{elements, offset, grads[i].dtype, out_dtype});
@@ -355,8 +365,10 @@ void ColumnStepPlan::build(const zf_column_state* state, const zf_tensor* select
         check_master(state[i].master, ArgName("state", i, "master"), elements, exp_avg.device, exp_avg_name);
     require(has_master || elements == 0, ZF_ERROR_INVALID_VALUE, ArgName("state", i, "master"),
             ": is empty, but the host step updates the fp32 master (it is required)");
+    check_matrix_layout(state[i].master, ArgName("state", i, "master"), cols, rows, kHostLayout, exp_avg_name);
     check_state_tensor(state[i].exp_avg_sq, ArgName("state", i, "exp_avg_sq"), ZF_DTYPE_F32, elements, exp_avg.device,
                        exp_avg_name);
+    check_matrix_layout(state[i].exp_avg_sq, ArgName("state", i, "exp_avg_sq"), cols, rows, kHostLayout, exp_avg_name);
     check_state_tensor(state[i].steps, ArgName("state", i, "steps"), ZF_DTYPE_I32, cols, exp_avg.device, exp_avg_name);
     int64_t k = 0;
     const int32_t* indices = nullptr;
@@ -367,6 +379,8 @@ void ColumnStepPlan::build(const zf_column_state* state, const zf_tensor* select
     if (grads != nullptr) {
       check_host_tensor(&grads[i], ArgName("grads", i), {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16});
       check_numel(grads[i], ArgName("grads", i), elements);
+      // The gradient of W [m, n] itself (row-major) is the commonest mistake here.
+      check_matrix_layout(grads[i], ArgName("grads", i), cols, rows, kHostLayout, exp_avg_name);
       grad_dtypes.push_back(grads[i].dtype);
     }
     layout.add(rows, cols, k, "state");
@@ -649,7 +663,9 @@ void move_columns(const zf_column_state* host, const zf_tensor* columns, size_t 
     const int64_t cols = exp_avg.shape[0], rows = exp_avg.shape[1];
     const zf_device& cpu = exp_avg.device;
     const bool master = check_master(host[i].master, ArgName("host", i, "master"), cols * rows, cpu, host_name);
+    check_matrix_layout(host[i].master, ArgName("host", i, "master"), cols, rows, kHostLayout, host_name);
     check_state_tensor(host[i].exp_avg_sq, ArgName("host", i, "exp_avg_sq"), ZF_DTYPE_F32, cols * rows, cpu, host_name);
+    check_matrix_layout(host[i].exp_avg_sq, ArgName("host", i, "exp_avg_sq"), cols, rows, kHostLayout, host_name);
     check_state_tensor(host[i].steps, ArgName("host", i, "steps"), ZF_DTYPE_I32, cols, cpu, host_name);
     const int64_t moved = check_selected(&columns[i], ArgName("columns", i), cols, cpu, host_name);
 
@@ -657,6 +673,7 @@ void move_columns(const zf_column_state* host, const zf_tensor* columns, size_t 
     const ArgName list_master(list_name, i, "master");
     if (master) {
       check_state_tensor(packed.master, list_master, ZF_DTYPE_F32, moved * rows, cpu, host_name);
+      check_matrix_layout(packed.master, list_master, moved, rows, kListLayout, ArgName("columns", i));
     } else {
       check_descriptor(&packed.master, list_master);
       check_cpu(packed.master, list_master);
@@ -664,8 +681,12 @@ void move_columns(const zf_column_state* host, const zf_tensor* columns, size_t 
               ArgName("host", i, "master"), " is (there is no master to move)");
     }
     check_state_tensor(packed.exp_avg, ArgName(list_name, i, "exp_avg"), ZF_DTYPE_F32, moved * rows, cpu, host_name);
+    check_matrix_layout(packed.exp_avg, ArgName(list_name, i, "exp_avg"), moved, rows, kListLayout,
+                        ArgName("columns", i));
     check_state_tensor(packed.exp_avg_sq, ArgName(list_name, i, "exp_avg_sq"), ZF_DTYPE_F32, moved * rows, cpu,
                        host_name);
+    check_matrix_layout(packed.exp_avg_sq, ArgName(list_name, i, "exp_avg_sq"), moved, rows, kListLayout,
+                        ArgName("columns", i));
     check_state_tensor(packed.steps, ArgName(list_name, i, "steps"), ZF_DTYPE_I32, moved, cpu, host_name);
 
     // The counts that move must be counts (>= 0); the host copies of the others are not read.

@@ -56,10 +56,12 @@ def cpu_adamw_step(
     out_params: Any = None,
     zero_grad: bool = False,
 ) -> None:
-    """One Adam/AdamW step, in place, on CPU tensors (one tensor or lists of them).
+    """One Adam/AdamW step, in place, elementwise: every tensor in params[i]'s layout (a transpose of a square one is not detected).
 
     params, exp_avgs, exp_avg_sqs: float32, contiguous (the fp32 master, m, v).
-    grads: float32, bfloat16 or float16, same number of elements; multiplied by
+    grads: float32, bfloat16 or float16, same number of elements. Tensors of two or more
+    dimensions must have params[i]'s shape (a transposed [n, m] for an [m, n] parameter is a
+    ValueError); 1-D tensors are flat buffers read in order. Gradients are multiplied by
     `grad_scale` first (1/S for a window's mean, times the clip coefficient).
     step: the bias-correction step (torch's `step` after its increment), one or per tensor.
     lr, weight_decay: one value or one per tensor.
@@ -105,7 +107,8 @@ def cpu_adamw_step_flat(
     out_params: Any = None,
     zero_grad: bool = False,
 ) -> None:
-    """cpu_adamw_step with the fp32 state of all tensors in flat buffers
+    """cpu_adamw_step with flat fp32 state; params[i], out_params[i] in grads[i]'s layout (a square transpose is not detected).
+
     (zf_cpu_adamw_step_flat): tensor i's m and v are the elements [offsets[i], offsets[i] +
     n_i) of `exp_avg` and `exp_avg_sq` (float32, contiguous, any shape, read as their
     elements in order), n_i = grads[i].numel(); offsets ascend and the runs do not overlap.
@@ -155,14 +158,17 @@ def cpu_adamw_step_skip_columns(
     zero_grad: bool = False,
     increment_steps: bool = False,
 ) -> None:
-    """The window's host step: Adam/AdamW on the unselected columns of matrices held in the
-    host layout; selected columns are neither read nor written anywhere.
+    """Window host step; state and grads in the host layout [n, m], W transposed, never W.grad [m, n] (a square W is not checked).
+
+    Adam/AdamW on the unselected columns of matrices held in the host layout; selected
+    columns are neither read nor written anywhere.
 
     state: one ColumnState per matrix, host layout: exp_avg float32 [n, m] (it gives the
-    shape), master (the fp32 weights) and exp_avg_sq with n * m elements, steps int32 [n]
-    (per column). selected: int32 [k] per matrix, strictly increasing, or None.
-    The gradient, exactly one of: grads, [n, m] per matrix in the host layout (the
-    window's accumulators; selected columns ignored), or packed_grads, the 1-D packed
+    shape), master (the fp32 weights) and exp_avg_sq [n, m] (or flat, n * m elements),
+    steps int32 [n] (per column). selected: int32 [k] per matrix, strictly increasing, or
+    None. The gradient, exactly one of: grads, [n, m] per matrix in the host layout (the
+    window's accumulators, or G.t().contiguous(); selected columns ignored), or
+    packed_grads, the 1-D packed
     buffer of pack_columns. packed_out: optional 1-D packed buffer (f32/bf16/f16) that
     receives the updated unselected columns (the upload copy, for scatter_columns).
     increment_steps: add 1 to each updated column's count first (as torch increments
@@ -197,8 +203,10 @@ def cpu_adamw_step_skip_columns(
 def cpu_accumulate(
     accumulators: Any, packed: Any, *, scale: float = 1.0, selected: Any = None
 ) -> None:
-    """accumulators += scale * packed, in fp32 with one rounding per element (torch:
-    A.add_(G, alpha=scale)).
+    """accumulators += scale * packed; with `selected`, each accumulator is the host layout [n, m], W transposed (not checked).
+
+    In fp32 with one rounding per element (torch: A.add_(G, alpha=scale)). The accumulator
+    alone gives the shape, so nothing can tell a row-major [m, n] one from the host layout.
 
     packed: the 1-D buffer of pack_columns (float32, bfloat16 or float16), exactly the
     packed size of the matrices. accumulators: float32 CPU tensors, one or a list. With
@@ -218,14 +226,15 @@ def cpu_accumulate(
 def cpu_gather_columns(
     host: Sequence[ColumnState], columns: Sequence[Any], out: Sequence[ColumnState]
 ) -> None:
-    """out[i] (packed host list [L_i, m_i], steps [L_i]) <- columns[i] of host[i] (host
-    layout [n_i, m_i]): master, moments and step counts, nothing rounded or reset.
-    columns: int32 [L_i], strictly increasing."""
+    """out[i] ([L_i, m_i]) <- columns[i] of host[i] (host layout [n_i, m_i], W transposed; a square one is not checked).
+
+    Master, moments and step counts, nothing rounded or reset. columns: int32 [L_i],
+    strictly increasing. Fields of two or more dimensions must have their layout's shape."""
     native().cpu_gather_columns(host, columns, out)
 
 
 def cpu_scatter_columns(
     columns_state: Sequence[ColumnState], columns: Sequence[Any], host: Sequence[ColumnState]
 ) -> None:
-    """columns[i] of host[i] <- columns_state[i]: the inverse of cpu_gather_columns."""
+    """columns[i] of host[i] (host layout [n, m]) <- columns_state[i] ([L, m]): the inverse of cpu_gather_columns."""
     native().cpu_scatter_columns(columns_state, columns, host)

@@ -34,8 +34,11 @@ def column_stats(
     accumulate: bool = False,
     stream: int | None = None,
 ) -> ColumnStats:
-    """Per-column sums of squares of 2-D row-major gradients [m, n] (f32, f16 or bf16),
-    their total, and a non-finite flag, in one read of every gradient.
+    """Per-column sums of squares of row-major gradients [m, n], W's own layout (not the host layout [n, m]).
+
+    f32, f16 or bf16; their total and a non-finite flag, in one read of every gradient. A
+    transposed view is a ValueError; a contiguous [n, m] copy is a valid matrix of other
+    columns and is not detected.
 
     out_col_sq: optional float32 [n] outputs, one per gradient (allocated if None).
     accumulate: add into out_col_sq instead of overwriting it.

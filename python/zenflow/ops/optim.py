@@ -43,8 +43,10 @@ def adamw_selected_columns_(
     noop: Any = None,
     stream: int | None = None,
 ) -> None:
-    """In-place Adam/AdamW (torch's arithmetic) on W[:, selected] of every matrix, two
-    launches per 160 matrices on CUDA, bitwise equal to the host.
+    """In-place AdamW on W[:, selected]: params, grads row-major [m, n], state compact [m, k] (a square transpose is not detected).
+
+    torch's arithmetic, two launches per 160 matrices on CUDA, bitwise equal to the host.
+    A state of shape [k, m] (the host lists' layout) is a ValueError; 1-D state is flat.
 
     params, grads: [m, n] row-major (1-D reads as [1, n]), f32/f16/bf16; grads are read
     in place, never gathered. selected: int32 [k] ascending per matrix (from

@@ -28,8 +28,10 @@ _PACKED_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def packed_offsets(shapes: Sequence[tuple[int, int]], ks: Sequence[int]) -> list[int]:
-    """Start of every matrix in a packed buffer, plus the total at the end (zf_packed_layout):
-    matrix i ([m_i, n_i], k_i selected) holds m_i * (n_i - k_i) elements from offsets[i]."""
+    """Offsets of a packed buffer; shapes are W's (m, n), rows first (a transposed (n, m) gives other offsets, not detected).
+
+    The start of every matrix, plus the total at the end (zf_packed_layout): matrix i
+    ([m_i, n_i], k_i selected) holds m_i * (n_i - k_i) elements from offsets[i]."""
     shapes = as_list("shapes", shapes)
     ks = as_list("ks", ks)
     if len(ks) != len(shapes):
@@ -57,7 +59,7 @@ def pack_columns(
     scale: Any = None,
     stream: int | None = None,
 ) -> Any:
-    """G[:, unselected] of every matrix into one 1-D column-major staging buffer.
+    """G[:, unselected] of row-major gradients [m, n] into one 1-D column-major staging buffer.
 
     Matrix i occupies packed_offsets(...)[i] onwards; its j-th unselected column (ascending)
     is m_i contiguous values. dtype: 'float32', 'float16' or 'bfloat16' (default: the
@@ -92,7 +94,7 @@ def scatter_columns(
     *,
     stream: int | None = None,
 ) -> None:
-    """W[:, unselected] <- packed, the inverse of pack_columns (same layout)."""
+    """W[:, unselected] <- packed, params row-major [m, n]: the inverse of pack_columns (same layout)."""
     params = as_list("params", params)
     if selected is not None:
         selected = as_list("selected", selected)
@@ -112,9 +114,11 @@ def exchange_selected_columns(
     leaving_counts: Sequence[int] | None = None,
     stream: int | None = None,
 ) -> None:
-    """Device side of a selection change (zenflow/pack.h): new_state [m, k_new] takes the
-    staying columns from old_state and the entering ones from `entering` (packed host
-    layout [E, m], ascending column order); the leaving columns go to `leaving` ([L, m]).
+    """Device side of a selection change: states compact [m, k], entering/leaving [E, m] (shapes checked; square ones cannot be).
+
+    zenflow/pack.h: new_state [m, k_new] takes the staying columns from old_state and the
+    entering ones from `entering` (packed host layout [E, m], ascending column order); the
+    leaving columns go to `leaving` ([L, m]).
     Master, moments and step counts move unchanged.
 
     Two forms of `entering` / `leaving`:
