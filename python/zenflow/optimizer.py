@@ -179,21 +179,67 @@ def _hyperparameters(param_groups: list[dict]) -> tuple:
     )
 
 
+def _refuse_wrapped(model: torch.nn.Module) -> None:
+    """overlap_backward takes the module itself: a DistributedDataParallel wrapper would
+    reduce the gradients a second time, and FSDP's parameters are flat shards."""
+    wrappers = [torch.nn.parallel.DistributedDataParallel]
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrappers.append(FullyShardedDataParallel)
+        from torch.distributed.fsdp import FSDPModule
+
+        wrappers.append(FSDPModule)
+    except ImportError:  # a torch without these
+        pass
+    for wrapper in wrappers:
+        if isinstance(model, wrapper):
+            inner = (
+                "model.module, with every backward under model.no_sync(), "
+                if wrapper is (torch.nn.parallel.DistributedDataParallel)
+                else ""
+            )
+            raise TypeError(
+                f"model: a {wrapper.__name__}-wrapped module; overlap_backward needs the module "
+                f"itself ({inner}zenflow reduces the gradients itself; see docs/usage.md, data "
+                "parallel)"
+            )
+
+
 class _OverlapHandle:
     """What overlap_backward returns: remove() unregisters the hooks."""
 
-    def __init__(self, optimizer: ZenFlowAdamW, handles: list):
+    def __init__(self, optimizer: ZenFlowAdamW, targets: list[torch.Tensor]):
         self._optimizer = optimizer
-        self._handles = handles
+        self._targets = targets
+        self._handles: dict[int, Any] = {}  # id(param) -> its hook's handle
         # Autograd runs the backward of each CUDA device on a thread of its own: with
         # parameters on several devices, hooks arrive from several threads, and the engine
         # is driven by one thread at a time.
         self.lock = threading.Lock()
 
+    def refresh(self) -> None:
+        """A hook on every target that requires grad and has none yet: frozen parameters get
+        none (torch refuses one), and get it once they start requiring grad (checked at each
+        step). All or nothing: a failed registration leaves no new hook behind."""
+        added = {}
+        try:
+            for p in self._targets:
+                if p.requires_grad and id(p) not in self._handles and id(p) not in added:
+                    added[id(p)] = p.register_post_accumulate_grad_hook(
+                        self._optimizer._on_gradient
+                    )
+        except BaseException:
+            for handle in added.values():
+                handle.remove()
+            raise
+        self._handles.update(added)
+
     def remove(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles.values():
             handle.remove()
-        self._handles = []
+        self._handles = {}
+        self._targets = []
         if self._optimizer._overlap_handle is self:
             self._optimizer._overlap_handle = None
 
@@ -355,7 +401,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._zero_grads: dict[int, torch.Tensor] = {}
         self._overlap_handle: _OverlapHandle | None = None
         self._no_sync_depth = 0
-        self._split: dict | None = None  # the open split step of overlap_backward
+        self._split: str | None = None  # overlap_backward's step: None, "open" or "stale"
         self._loss_scaled = False
         self._torch_threads_before: int | None = None  # restored by close()
         if not isinstance(limit_torch_threads, bool):
@@ -650,11 +696,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 # Refused here, before the engine: in data parallel the other ranks are in
                 # the step's agreement, and must fail too instead of waiting for this one.
                 self._refuse_on_every_rank("step")
-            if split is not None and self._engine is not None:
+            if split == "open" and self._engine is not None:
                 self._engine_on_stream().abort_step()
             raise
         finally:
             self._loss_scaled = False
+        if self._overlap_handle is not None:
+            self._overlap_handle.refresh()  # parameters that started requiring grad
         return loss
 
     def _refuse_on_every_rank(self, call: str) -> None:
@@ -663,7 +711,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if self._parallel is not None and self._engine is not None:
             self._engine.refuse(call)
 
-    def _step(self, split: dict | None) -> None:
+    def _step(self, split: str | None) -> None:
         if self._engine is not None:
             # The engine refuses a capturing stream (a CUDA graph) with the reason: let it say
             # so before anything below synchronises (GradScaler's found_inf.item()).
@@ -700,15 +748,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         layout = self._layout
         self._engine_reached = True  # from here on, every refusal is the engine's own
         if self._engine_is_stale(layout):
-            if split is not None:
+            if split == "open":
                 self._engine_on_stream().abort_step()
-                split = None
+            split = None
             self._rebuild_engine()
             layout = self._layout
         self._hand_over_hyperparameters()
-        if split is not None:
-            self._finish_split(split)
-            return
         grads = []
         missing = 0
         for p in layout.params:
@@ -717,6 +762,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 g = self._gradient(p)
                 missing += 1
             grads.append(g)
+        if split == "open":
+            # The engine submits what the hooks did not, and retakes the step whole if a
+            # gradient grew after its submit (a parameter used twice in backward).
+            self._engine_on_stream().end_step_with(grads)
+            return
         if grads and missing == len(grads) and self._parallel is None:
             # No gradient at all: nothing to do, as torch's optimizers. In data parallel the
             # other ranks may have some: step with zeros, as they do.
@@ -730,7 +780,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """torch's zero_grad. A step that overlap_backward opened and step() did not finish
         (a backward that raised) is discarded first: the engine is as before it."""
         split, self._split = self._split, None
-        if split is not None:
+        if split == "open":
             self._engine_on_stream().abort_step()
         super().zero_grad(set_to_none=set_to_none)
 
@@ -753,11 +803,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def overlap_backward(self, model: torch.nn.Module | None = None) -> _OverlapHandle:
         """Hands gradients to the engine while backward runs: a post-accumulate-grad hook
-        on every parameter of `model` (all of this optimizer's parameters when None) submits
-        them in buckets of contiguous parameters of at least `bucket_bytes`. step() submits
-        the rest and finishes the step, bit for bit as a plain step(). Returns a handle whose
-        remove() unregisters the hooks. With gradient accumulation, run the backward of every
-        micro-batch but the last inside `with opt.no_sync():`."""
+        on every parameter of `model` that requires grad (all of this optimizer's parameters
+        when None; a frozen one gets its hook at the first step where it requires grad) says
+        it is ready, and the engine submits runs of ready parameters of at least
+        `bucket_bytes`. step() finishes the step, bit for bit as a plain step(); a parameter
+        used twice in one backward (shared weights, reentrant checkpointing) is accumulated
+        as autograd does. Returns a handle whose remove() unregisters the hooks. With
+        gradient accumulation, run the backward of every micro-batch but the last inside
+        `with opt.no_sync():`. Pass the module itself, not a DistributedDataParallel or
+        FSDP wrapper (zenflow reduces the gradients itself)."""
         if self._overlap_handle is not None:
             raise ValueError(
                 "overlap_backward: already registered (call remove() on its handle first)"
@@ -768,10 +822,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         else:
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+            _refuse_wrapped(model)
             targets = [p for p in model.parameters() if id(p) in ours]
-        handles = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in targets]
-        self._overlap_handle = _OverlapHandle(self, handles)
-        return self._overlap_handle
+        handle = _OverlapHandle(self, targets)
+        handle.refresh()
+        self._overlap_handle = handle
+        return handle
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -783,83 +839,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         finally:
             self._no_sync_depth -= 1
 
-    def _open_split(self) -> dict:
-        layout = self._layout
-        count = len(layout.params)
-        split = {
-            # 0: waiting for its gradient, 1: ready, not submitted, 2: submitted
-            "status": bytearray(count),
-            "run_start": [0] * count,  # at a run's last index: its first
-            "run_end": [0] * count,  # at a run's first index: its last
-            "run_bytes": [0] * count,  # at both ends of a run
-            "stale": self._engine_is_stale(layout),
-        }
-        if not split["stale"]:
-            self._engine_on_stream().begin_step(self._learning_rates())
-        return split
-
     def _on_gradient(self, param: torch.Tensor) -> None:
         handle = self._overlap_handle
         if handle is None:
             return
         with handle.lock:
-            self._on_gradient_locked(param)
-
-    def _on_gradient_locked(self, param: torch.Tensor) -> None:
-        if self._no_sync_depth > 0 or self._engine is None:
-            return
-        i = self._layout.index_of.get(id(param))
-        if i is None:
-            return
-        split = self._split
-        if split is None:
-            split = self._split = self._open_split()
-        if split["stale"]:
-            return  # the groups changed: step() rebuilds the engine and takes a plain step
-        status = split["status"]
-        if status[i] != 0:
-            raise ValueError(
-                f"overlap_backward: the gradient of parameter {i} arrived twice in one step. With "
-                "gradient accumulation, run every micro-batch's backward but the last inside "
-                "opt.no_sync(); after a failed backward, call opt.zero_grad() before the next one"
-            )
-        start = end = i
-        total = self._layout.grad_bytes[i]
-        if i > 0 and status[i - 1] == 1:
-            start = split["run_start"][i - 1]
-            total += split["run_bytes"][i - 1]
-        if i + 1 < len(status) and status[i + 1] == 1:
-            end = split["run_end"][i + 1]
-            total += split["run_bytes"][i + 1]
-        status[i] = 1
-        if total >= self._settings["bucket_bytes"]:
-            self._submit(split, start, end + 1)
-            return
-        split["run_start"][end] = start
-        split["run_end"][start] = end
-        split["run_bytes"][start] = split["run_bytes"][end] = total
-
-    def _submit(self, split: dict, first: int, stop: int) -> None:
-        params = self._layout.params
-        self._engine_on_stream().submit(
-            first, [self._gradient(params[j]) for j in range(first, stop)]
-        )
-        status = split["status"]
-        for j in range(first, stop):
-            status[j] = 2
-
-    def _finish_split(self, split: dict) -> None:
-        status = split["status"]
-        j = 0
-        while j < len(status):
-            if status[j] == 2:
-                j += 1
-                continue
-            first = j
-            while j < len(status) and status[j] != 2:
-                j += 1
-            self._submit(split, first, j)
-        self._engine_on_stream().end_step()
+            if self._no_sync_depth > 0 or self._engine is None:
+                return
+            i = self._layout.index_of.get(id(param))
+            if i is None:
+                return
+            if self._split is None:
+                # The first gradient of this backward opens the split step; when the groups
+                # changed, step() rebuilds the engine and takes a plain step instead.
+                if self._engine_is_stale(self._layout):
+                    self._split = "stale"
+                else:
+                    self._engine_on_stream().begin_step(self._learning_rates())
+                    self._split = "open"
+            if self._split == "open":
+                self._engine_on_stream().mark_ready(i, self._gradient(param))
 
     # ---- state ----
 
@@ -1032,7 +1031,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             group.update(merged)
         try:
             split, self._split = self._split, None
-            if split is not None:
+            if split == "open":
                 self._engine_on_stream().abort_step()
             self._rebuild_engine(engine_state)
         except BaseException:

@@ -771,11 +771,23 @@ static void check_engine_calls(void) {
     EXPECT_OK(zf_engine_set_hyperparameters(engine, 0.8, 0.99, 1e-8, NULL, 0));
     EXPECT_OK(zf_engine_set_hyperparameters(engine, 0.9, 0.999, 1e-8, decays, 1));
   }
+  { /* readiness: hooks mark, the end takes every gradient; the parameters are where they were */
+    const void* data[2] = {f.weight, f.bias};
+    const void* moved[2] = {f.bias, f.bias};
+    EXPECT_ERROR(zf_engine_mark_ready(engine, 0, f.grads), ZF_ERROR_INVALID_VALUE, "begin_step");
+    EXPECT_OK(zf_engine_begin_step(engine, NULL, 0));
+    EXPECT_ERROR(zf_engine_mark_ready(engine, 2, f.grads), ZF_ERROR_INVALID_VALUE, "out of range");
+    EXPECT_OK(zf_engine_mark_ready(engine, 1, f.grads + 1));
+    EXPECT_ERROR(zf_engine_end_step_with(engine, f.grads, 1), ZF_ERROR_INVALID_VALUE, "grads");
+    EXPECT_OK(zf_engine_end_step_with(engine, f.grads, 2));
+    EXPECT_OK(zf_engine_check_params(engine, data, 2));
+    EXPECT_ERROR(zf_engine_check_params(engine, moved, 2), ZF_ERROR_INVALID_VALUE, "params[0]");
+  }
   for (k = 0; k < 4; ++k) EXPECT_OK(zf_engine_step(engine, f.grads, 2, NULL, 0));
   EXPECT_OK(zf_engine_flush(engine));
   EXPECT(f.weight[0] < 1.0f); /* deferred columns arrived from the host */
   EXPECT_OK(zf_engine_get_stats(engine, &stats));
-  EXPECT(stats.steps == 6 && stats.windows >= 2 && stats.bytes_down > 0 && stats.bytes_up > 0);
+  EXPECT(stats.steps == 7 && stats.windows >= 2 && stats.bytes_down > 0 && stats.bytes_up > 0);
   EXPECT(fabs(stats.selected_fraction - 0.4) < 1e-12);
 
   /* Checkpoint: layout query, save, a failed load, a good load. */
@@ -818,7 +830,7 @@ static void check_engine_calls(void) {
     EXPECT_ERROR(zf_engine_save_state(engine, buffers, count - 1, counters, &saved_scale), ZF_ERROR_INVALID_VALUE,
                  "buffers");
     EXPECT_OK(zf_engine_save_state(engine, buffers, count, counters, &saved_scale));
-    EXPECT(counters[ZF_COUNTER_STEP] == 6 && saved_scale == 1.0);
+    EXPECT(counters[ZF_COUNTER_STEP] == 7 && saved_scale == 1.0);
     /* A state of another model: the first entry with a wrong dtype, then a wrong shape. */
     buffers[0].dtype = ZF_DTYPE_F16;
     EXPECT(zf_engine_load_state(engine, buffers, count, counters, 1.0) != ZF_SUCCESS);
@@ -832,11 +844,11 @@ static void check_engine_calls(void) {
     EXPECT_ERROR(zf_engine_load_state(engine, buffers, count, NULL, 1.0), ZF_ERROR_INVALID_VALUE, "counters");
     EXPECT_ERROR(zf_engine_load_state(engine, NULL, count, counters, 1.0), ZF_ERROR_INVALID_VALUE, "buffers");
     EXPECT_OK(zf_engine_get_stats(engine, &after));
-    EXPECT(after.steps == 6);
+    EXPECT(after.steps == 7);
     EXPECT_OK(zf_engine_load_state(engine, buffers, count, counters, 1.0));
     EXPECT_OK(zf_engine_step(engine, f.grads, 2, NULL, 0));
     EXPECT_OK(zf_engine_get_stats(engine, &after));
-    EXPECT(after.steps == 7);
+    EXPECT(after.steps == 8);
     for (i = 0; i < count; ++i) free(storage[i]);
   }
   EXPECT_OK(zf_engine_destroy(engine));
@@ -871,6 +883,12 @@ static void check_dead_handle(zf_engine* dead) {
   EXPECT_ERROR(zf_engine_abort_step(dead), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_flush(dead), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_set_hyperparameters(dead, 0.9, 0.999, 1e-8, NULL, 0), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_mark_ready(dead, 0, f.grads), ZF_ERROR_INVALID_VALUE, text);
+  EXPECT_ERROR(zf_engine_end_step_with(dead, f.grads, 2), ZF_ERROR_INVALID_VALUE, text);
+  {
+    const void* data[2] = {f.weight, f.bias};
+    EXPECT_ERROR(zf_engine_check_params(dead, data, 2), ZF_ERROR_INVALID_VALUE, text);
+  }
   EXPECT_ERROR(zf_engine_get_stats(dead, &stats), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_loss_scale(dead, &scale), ZF_ERROR_INVALID_VALUE, text);
   EXPECT_ERROR(zf_engine_state_layout(dead, entries, &count), ZF_ERROR_INVALID_VALUE, text);

@@ -437,6 +437,35 @@ def _ddp_no_sync(rank: int, world_size: int, steps: int):
     return out
 
 
+def _shared_weights_overlap(rank: int, world_size: int, steps: int):
+    # A layer applied twice (its gradient arrives twice in one backward), with and without
+    # overlap_backward (bucket_bytes=1: every arrival submitted at once, so the second one
+    # makes the engine retake the step whole); rank 1 alone uses it twice in odd steps, so
+    # the ranks take different paths to the same step.
+    out = {}
+    for overlap in (False, True):
+        torch.manual_seed(0)
+        shared = torch.nn.Linear(IN, IN)
+        head = torch.nn.Linear(IN, OUT)
+        params = [*shared.parameters(), *head.parameters()]
+        opt = zenflow.ZenFlowAdamW(params, **{**FIXED, "bucket_bytes": 1})
+        if overlap:
+            opt.overlap_backward()
+        share = BATCH // world_size
+        for step in range(steps):
+            x, y = _batch(step)
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+            h = torch.tanh(shared(x))
+            if rank == 1 and step % 2 == 1:
+                h = torch.tanh(shared(h))
+            torch.nn.functional.mse_loss(head(h), y).backward()
+            opt.step()
+            opt.zero_grad()
+        out[overlap] = [p.detach().clone() for p in params]
+        opt.close()
+    return out
+
+
 def _added_group(rank: int, world_size: int, steps: int, add_at: int):
     # A parameter group added mid-run (its parameters differ by rank: the optimizer broadcasts
     # rank 0's): the engine is rebuilt with the consolidated state, on every rank alike.
@@ -697,6 +726,15 @@ def test_a_ddp_wrapped_model_under_no_sync_is_reduced_once(tmp_path):
     for rank, result in enumerate(results):
         for a, b in zip(result[True], result[False]):
             assert torch.equal(a, b), f"rank {rank}: DDP under no_sync differs from the plain model"
+    for a, b in zip(results[0][True], results[1][True]):
+        assert torch.equal(a, b), "the ranks differ"
+
+
+def test_a_gradient_arriving_twice_on_one_rank_steps_as_autograd_accumulated(tmp_path):
+    results = _spawn("_shared_weights_overlap", 2, tmp_path, 5)
+    for rank, result in enumerate(results):
+        for a, b in zip(result[False], result[True]):
+            assert torch.equal(a, b), f"rank {rank}: overlap_backward differs from a plain step"
     for a, b in zip(results[0][True], results[1][True]):
         assert torch.equal(a, b), "the ranks differ"
 

@@ -372,10 +372,12 @@ def test_overlap_backward_is_bitwise_a_plain_step(kind, bucket_bytes):
     handle = opt2.overlap_backward(hooked)
     for t in range(9):
         loss_of(hooked, *batch(kind, t)).backward()
-        split = opt2._split
-        assert split is not None  # the hooks opened the engine's step during backward
-        if bucket_bytes == 1:
-            assert all(s == 2 for s in split["status"])  # and submitted everything there
+        assert opt2._split == "open"  # the hooks opened the engine's step during backward
+        if bucket_bytes == 1:  # and the engine submitted every parameter there
+            params = opt2._layout.params
+            for i in (0, len(params) - 1):
+                with pytest.raises(ValueError, match="already submitted"):
+                    opt2._engine.submit(i, [params[i].grad])
         opt2.step()
         opt2.zero_grad()
     assert_bitwise(weights(plain), weights(hooked))
@@ -419,10 +421,16 @@ def test_gradient_accumulation_with_no_sync():
         True,
     )
     assert_bitwise(weights(plain), weights(hooked))
-    forgot = make_model("mlp")
-    opt = zenflow.ZenFlowAdamW(forgot.parameters(), lr=1e-2, **CONFIG)
-    with pytest.raises(ValueError, match="no_sync"):
-        accumulate(forgot, opt, 1, 2, False, True)
+    # Without no_sync, every micro-batch's backward marks the gradients ready again after
+    # their submit: the engine retakes each step whole from the accumulated gradients, as
+    # autograd accumulated them (the result is the same; only the overlap is lost).
+    for bucket_bytes in (1, 64 << 20):
+        forgot = make_model("mlp")
+        opt = zenflow.ZenFlowAdamW(
+            forgot.parameters(), lr=1e-2, bucket_bytes=bucket_bytes, **CONFIG
+        )
+        accumulate(forgot, opt, 6, 3, False, True)
+        assert_bitwise(weights(plain), weights(forgot))
 
 
 class Explode(torch.autograd.Function):
@@ -451,6 +459,98 @@ def uninterrupted(steps, **options):
 def fresh_mlp(**options):
     model = make_model("mlp")
     return model, zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **{**CONFIG, **options})
+
+
+class SharedTwice(torch.nn.Module):
+    """fc applied twice (shared weights) and, optionally, each use in a reentrant
+    activation-checkpoint segment: fc's gradient arrives twice in one backward."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 12)
+        self.head = torch.nn.Linear(12, 7)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        for _ in range(2):
+            if self.reentrant:
+                x = torch.utils.checkpoint.checkpoint(self.fc, x, use_reentrant=True)
+            else:
+                x = self.fc(x)
+            x = torch.tanh(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 64 << 20])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_parameter_used_twice_in_backward_is_accumulated_as_autograd_does(
+    reentrant, bucket_bytes
+):
+    runs = []
+    for overlap in (False, True):
+        torch.manual_seed(3)
+        model = SharedTwice(reentrant)
+        opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, bucket_bytes=bucket_bytes, **CONFIG)
+        if overlap:
+            opt.overlap_backward(model)
+        for t in range(7):
+            x, y = batch("mlp", t)
+            x = x.requires_grad_(reentrant)  # reentrant checkpointing needs an input that does
+            loss_of(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+        runs.append(weights(model))
+    assert_bitwise(*runs, what=f"reentrant={reentrant}")
+
+
+def test_frozen_parameters_get_no_hook_until_they_require_grad():
+    """A partial fine-tune: fc1 frozen. overlap_backward registers no hook on it (torch
+    refuses one on a tensor that does not require grad) and gives it one at the first step
+    where it requires grad; every step is bit for bit the plain step's."""
+    runs = []
+    for overlap in (False, True):
+        model = make_model("mlp")
+        for p in model.fc1.parameters():
+            p.requires_grad_(False)
+        opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, bucket_bytes=1, **CONFIG)
+        handle = opt.overlap_backward(model) if overlap else None
+        if overlap:
+            assert id(model.fc1.weight) not in handle._handles
+            assert id(model.fc2.weight) in handle._handles
+        train(model, opt, steps=3)
+        for p in model.fc1.parameters():
+            p.requires_grad_(True)
+        train(model, opt, steps=1, start=3)  # fc1 joins here; its hook comes after the step
+        if overlap:
+            assert id(model.fc1.weight) in handle._handles
+        train(model, opt, steps=3, start=4)
+        runs.append(weights(model))
+    assert_bitwise(*runs, what="frozen then unfrozen")
+
+
+def test_a_parameter_whose_storage_was_replaced_is_an_error_at_the_next_step():
+    model, opt = fresh_mlp()
+    train(model, opt, steps=2)
+    model.fc2.weight.data = model.fc2.weight.data.clone()  # the engine holds the old memory
+    before = weights(model)
+    loss_of(model, *batch("mlp", 2)).backward()
+    with pytest.raises(ValueError, match=r"params\[\d+\]: its memory moved"):
+        opt.step()
+    assert_bitwise(before, weights(model))
+    opt.overlap_backward(model)
+    with pytest.raises(ValueError, match="its memory moved"):
+        loss_of(model, *batch("mlp", 3)).backward()  # the first hook opens the step
+
+
+def test_overlap_backward_refuses_a_wrapped_module():
+    model, opt = fresh_mlp()
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(
+        torch.nn.parallel.DistributedDataParallel
+    )
+    with pytest.raises(TypeError, match=r"DistributedDataParallel.*model\.module"):
+        opt.overlap_backward(ddp)
+    assert opt._overlap_handle is None
+    opt.overlap_backward(model)  # the module itself is fine
 
 
 def test_failed_backward_then_zero_grad_leaves_the_optimizer_usable():
@@ -788,8 +888,8 @@ class _StreamRecorder:
     WORK = (
         "step",
         "begin_step",
-        "submit",
-        "end_step",
+        "mark_ready",
+        "end_step_with",
         "abort_step",
         "flush",
         "state_dict",

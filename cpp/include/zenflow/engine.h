@@ -315,6 +315,33 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine);
  */
 ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
 
+/*
+ * Readiness, for a framework's backward hooks (since 0.1.0, 2026-12-05). In an open split
+ * step, zf_engine_mark_ready says that parameter `index`'s gradient is ready: the engine
+ * keeps `grad` (its memory must stay valid and unchanged, but for further accumulation by
+ * the caller, until the step ends) and submits contiguous runs of ready parameters once a
+ * run holds config.bucket_bytes of gradient, so work starts during backward. The caller
+ * keeps no bookkeeping: zf_engine_end_step_with takes every parameter's final gradient
+ * (grads[i] for the count parameters), submits those not yet submitted and ends the step.
+ * A gradient marked ready again before its run was submitted is simply read later; one
+ * marked again after (a parameter used twice in one backward: shared weights, reentrant
+ * activation checkpointing) makes end_step_with take the step again, whole, from `grads`:
+ * the result is that of zf_engine_step with the gradients autograd accumulated, bit for
+ * bit. A parameter never marked is submitted at end_step_with (a frozen one steps with the
+ * gradient given there, zeros for instance).
+ */
+ZF_API zf_status zf_engine_mark_ready(zf_engine* engine, size_t index, const zf_tensor* grad);
+ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* grads, size_t count);
+
+/*
+ * Checks that every parameter's memory is where it was when the engine was created (data[i]
+ * for the count parameters): the engine writes the weights there, so a parameter whose
+ * storage was replaced (moved to another device, reloaded with assign=True, `param.data =
+ * ...`) would be written in freed memory. ZF_ERROR_INVALID_VALUE names the first that moved;
+ * nothing changes. Since 0.1.0 (2026-12-05).
+ */
+ZF_API zf_status zf_engine_check_params(const zf_engine* engine, const void* const* data, size_t count);
+
 /* The hyper-parameters of every later step, until the next call: Adam's betas and eps (one
  * pair for every group) and each group's decoupled weight decay (weight_decays[g] for the
  * group_count groups, or NULL to keep them). The learning rate stays an argument of each

@@ -465,7 +465,7 @@ class Engine {
     check(zf_engine_state_layout(engine_, layout.data(), &count));
     return layout;
   }
-  // Flushes, then copies the state out.
+  // Copies the state out (closes no window: zf_engine_save_state).
   EngineState save_state() {
     EngineState state;
     state.layout = state_layout();

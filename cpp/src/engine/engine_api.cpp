@@ -227,6 +227,18 @@ ZF_API zf_status zf_engine_abort_step(zf_engine* engine) {
   return zf::api_call([&] { get(engine).abort_step(); });
 }
 
+ZF_API zf_status zf_engine_mark_ready(zf_engine* engine, size_t index, const zf_tensor* grad) {
+  return zf::api_call([&] { get(engine).mark_ready(index, grad); });
+}
+
+ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* grads, size_t count) {
+  return zf::api_call([&] { get(engine).end_step_with(grads, count); });
+}
+
+ZF_API zf_status zf_engine_check_params(const zf_engine* engine, const void* const* data, size_t count) {
+  return zf::api_call([&] { get(engine).check_param_data(data, count); });
+}
+
 ZF_API zf_status zf_engine_set_hyperparameters(zf_engine* engine, double beta1, double beta2, double eps,
                                                const double* weight_decays, size_t group_count) {
   return zf::api_call([&] { get(engine).set_hyperparameters(beta1, beta2, eps, weight_decays, group_count); });

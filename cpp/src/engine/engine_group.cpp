@@ -11,6 +11,14 @@
 namespace zf {
 namespace {
 
+// A gradient's bytes (readiness buckets count what the caller hands over).
+size_t gradient_bytes(const zf_tensor& grad) {
+  size_t n = zf_dtype_size(grad.dtype);
+  for (int d = 0; d < grad.ndim && d < ZF_MAX_DIMS; ++d)
+    n *= grad.shape[d] > 0 ? static_cast<size_t>(grad.shape[d]) : 0;
+  return n;
+}
+
 // The part of each parameter, from its device: parts in increasing device index. Empty when
 // every parameter is on one device (or there are none).
 std::vector<size_t> parts_by_device(const zf_tensor* params, size_t param_count) {
@@ -62,6 +70,7 @@ EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, s
                          const zf_engine_group* groups, size_t group_count, const zf_engine_config& config,
                          const std::vector<size_t>* parts_for_testing)
     : param_count_(param_count) {
+  for (size_t i = 0; params != nullptr && i < param_count; ++i) param_data_.push_back(params[i].data);
   std::vector<size_t> parts = parts_for_testing != nullptr ? *parts_for_testing : parts_by_device(params, param_count);
   if (parts.empty()) {
     engines_.push_back(std::make_unique<Engine>(params, param_groups, param_count, groups, group_count, config));
@@ -179,19 +188,75 @@ void EngineGroup::step(const zf_tensor* grads, size_t count, const double* lrs, 
 
 void EngineGroup::begin_step(const double* lrs, size_t lr_count) {
   refuse_capture("begin_step");
-  if (!several()) return engines_[0]->begin_step(lrs, lr_count);
-  check_usable();
-  for (size_t d = 0; d < engines_.size(); ++d) {
-    try {
-      engines_[d]->begin_step(lrs, lr_count);
-    } catch (...) {
-      for (size_t o = 0; o < d; ++o) engines_[o]->abort_step();
-      throw;
+  if (several()) {
+    check_usable();
+    for (size_t d = 0; d < engines_.size(); ++d) {
+      try {
+        engines_[d]->begin_step(lrs, lr_count);
+      } catch (...) {
+        for (size_t o = 0; o < d; ++o) engines_[o]->abort_step();
+        throw;
+      }
     }
+  } else {
+    engines_[0]->begin_step(lrs, lr_count);
   }
+  ready_.reset(param_count_);
+  ready_grads_.assign(param_count_, zf_tensor{});
+  split_lrs_.assign(lrs, lrs + (lrs != nullptr ? lr_count : 0));
+}
+
+void EngineGroup::mark_ready(size_t index, const zf_tensor* grad) {
+  refuse_capture("mark_ready");
+  require(engines_[0]->in_split_step() && ready_.size() == param_count_, ZF_ERROR_INVALID_VALUE,
+          "mark_ready: no split step is open (call begin_step)");
+  require(index < param_count_, ZF_ERROR_INVALID_VALUE, "mark_ready: parameter ", index, " out of range (",
+          param_count_, " parameters)");
+  require(grad != nullptr, ZF_ERROR_INVALID_VALUE, "grad: NULL");
+  ready_grads_[index] = *grad;
+  const ReadyRuns::Range run = ready_.mark(index, gradient_bytes(*grad), engines_[0]->config().bucket_bytes);
+  if (run.empty()) return;
+  submit(run.first, ready_grads_.data() + run.first, run.stop - run.first);
+}
+
+void EngineGroup::end_step_with(const zf_tensor* grads, size_t count) {
+  refuse_capture("end_step");
+  require(engines_[0]->in_split_step() && ready_.size() == param_count_, ZF_ERROR_INVALID_VALUE,
+          "end_step: no split step is open (call begin_step)");
+  require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
+          " parameters");
+  require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+  if (ready_.arrived_after_submit() < param_count_) {
+    // A gradient grew after its run was submitted (a parameter used twice in backward:
+    // shared weights, reentrant checkpointing). What was submitted is not the gradient
+    // autograd accumulated: the step is taken again, whole, from the final gradients (a
+    // split step equals the whole step bit for bit, so nothing of the first try shows).
+    const std::vector<double> lrs = split_lrs_;
+    abort_step();
+    return step(grads, count, lrs.empty() ? nullptr : lrs.data(), lrs.size());
+  }
+  for (const ReadyRuns::Range& run : ready_.unsubmitted()) submit(run.first, grads + run.first, run.stop - run.first);
+  end_step();
+}
+
+void EngineGroup::check_param_data(const void* const* data, size_t count) const {
+  require(count == param_data_.size(), ZF_ERROR_INVALID_VALUE, "params: ", count, " data pointers for ",
+          param_data_.size(), " parameters");
+  require(count == 0 || data != nullptr, ZF_ERROR_INVALID_VALUE, "params: NULL");
+  for (size_t i = 0; i < count; ++i)
+    require(data[i] == param_data_[i], ZF_ERROR_INVALID_VALUE, "params[", i,
+            "]: its memory moved since the engine was created (now at ", data[i], ", was at ", param_data_[i],
+            "): the engine writes the weights where they were. Move or reload the model (to(), "
+            "load_state_dict(assign=True), param.data = ...) before creating the optimizer, or create a new one");
 }
 
 void EngineGroup::submit(size_t first, const zf_tensor* grads, size_t count) {
+  submit_to_devices(first, grads, count);
+  if (ready_.size() == param_count_ && first <= param_count_ && count <= param_count_ - first)
+    ready_.submitted(first, first + count);
+}
+
+void EngineGroup::submit_to_devices(size_t first, const zf_tensor* grads, size_t count) {
   refuse_capture("submit");
   if (!several()) return engines_[0]->submit(first, grads, count);
   require(engines_[0]->in_split_step(), ZF_ERROR_INVALID_VALUE, "submit: no split step is open (call begin_step)");
@@ -216,6 +281,7 @@ void EngineGroup::submit(size_t first, const zf_tensor* grads, size_t count) {
 
 void EngineGroup::end_step() {
   refuse_capture("end_step");
+  ready_.reset(0);
   if (!several()) return engines_[0]->end_step();
   check_usable();
   for (const auto& e : engines_) e->check_end_step_arguments();
@@ -226,6 +292,9 @@ void EngineGroup::end_step() {
 
 void EngineGroup::abort_step() {
   for (auto& e : engines_) e->abort_step();
+  ready_.reset(0);
+  ready_grads_.clear();
+  split_lrs_.clear();
 }
 
 void EngineGroup::run_step(const std::vector<Engine::StepInputs>& inputs) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
+#include "engine/readiness.hpp"
 
 namespace zf {
 
@@ -54,6 +55,12 @@ class EngineGroup {
   void submit(size_t first, const zf_tensor* grads, size_t count);
   void end_step();
   void abort_step();
+  // zf_engine_mark_ready / zf_engine_end_step_with: readiness (readiness.hpp) in the caller's
+  // parameter order; the runs go to submit().
+  void mark_ready(size_t index, const zf_tensor* grad);
+  void end_step_with(const zf_tensor* grads, size_t count);
+  // zf_engine_check_params: the parameters' memory is where it was at creation.
+  void check_param_data(const void* const* data, size_t count) const;
   void flush();
   // zf_engine_set_hyperparameters: every device's engine, after every one's checks.
   void set_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays, size_t group_count);
@@ -81,6 +88,8 @@ class EngineGroup {
   void exchange_partials();
   void fail_sticky_from(size_t d, const std::exception& error);
   void check_buffer_count(size_t count, const void* buffers) const;
+  // submit() without the readiness bookkeeping.
+  void submit_to_devices(size_t first, const zf_tensor* grads, size_t count);
 
   std::vector<std::unique_ptr<Engine>> engines_;
   size_t param_count_ = 0;
@@ -88,7 +97,11 @@ class EngineGroup {
   std::vector<std::vector<size_t>> params_of_;   // per part: the caller's index of each parameter
   std::vector<std::vector<size_t>> buffers_of_;  // per part: the caller's index of each buffer
   size_t buffer_count_ = 0;
-  std::vector<Event> partials_read_;  // per part: it has read every partial of the last step
+  std::vector<Event> partials_read_;     // per part: it has read every partial of the last step
+  std::vector<const void*> param_data_;  // per parameter: its data at creation
+  ReadyRuns ready_;                      // the open split step's readiness (size 0: none open)
+  std::vector<zf_tensor> ready_grads_;   // per parameter: the gradient mark_ready gave
+  std::vector<double> split_lrs_;        // begin_step's learning rates (a retaken step uses them)
   bool sticky_ = false;
   zf_status sticky_status_ = ZF_SUCCESS;
   std::string sticky_message_;

@@ -482,6 +482,7 @@ class PyEngine {
 
   void step(const py::object& grads, const py::object& lrs) {
     zf_engine* engine = live();
+    check_params_in_place();
     Converter conv(streams_);
     const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
     const std::vector<double> rates = learning_rates(lrs);
@@ -494,6 +495,7 @@ class PyEngine {
 
   void begin_step(const py::object& lrs) {
     zf_engine* engine = live();
+    check_params_in_place();
     const std::vector<double> rates = learning_rates(lrs);
     call([&] { return zf_engine_begin_step(engine, rates.empty() ? nullptr : rates.data(), rates.size()); });
     // The submitted gradients must stay alive until end_step (engine.h).
@@ -512,6 +514,29 @@ class PyEngine {
   void end_step() {
     zf_engine* engine = live();
     const zf_status status = release_gil([&] { return zf_engine_end_step(engine); });
+    submitted_ = py::list();
+    check(status);
+    bump_params();
+  }
+
+  // Readiness (zf_engine_mark_ready): parameter `index`'s gradient is ready; the engine
+  // submits runs of ready parameters itself. The gradient is kept alive until the step ends.
+  void mark_ready(int64_t index, const py::object& grad) {
+    zf_engine* engine = live();
+    if (index < 0) throw py::value_error("index: must be >= 0, got " + std::to_string(index));
+    Converter conv(streams_);
+    const zf_tensor tensor = conv.tensor(grad, ArgName{"grad"}, Access::kRead);
+    call([&] { return zf_engine_mark_ready(engine, static_cast<size_t>(index), &tensor); });
+    submitted_.append(grad);
+  }
+
+  // zf_engine_end_step_with: every parameter's final gradient; ends the split step.
+  void end_step_with(const py::object& grads) {
+    zf_engine* engine = live();
+    Converter conv(streams_);
+    const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
+    const zf_status status =
+        release_gil([&] { return zf_engine_end_step_with(engine, tensors.data(), tensors.size()); });
     submitted_ = py::list();
     check(status);
     bump_params();
@@ -767,6 +792,18 @@ class PyEngine {
 
   // The engine wrote the parameters in place: bump their autograd versions, as torch's own
   // optimizers do, so a backward through a graph built before the step raises.
+  // zf_engine_check_params before a step: a parameter whose storage was replaced since
+  // creation is an error, not a write into freed memory (torch parameters; others are
+  // held alive by params_ and cannot be swapped under the engine).
+  void check_params_in_place() {
+    if (!torch_params_) return;
+    std::vector<const void*> data;
+    data.reserve(static_cast<size_t>(py::len(params_)));
+    for (const py::handle p : params_)
+      data.push_back(reinterpret_cast<const void*>(p.attr("data_ptr")().cast<uintptr_t>()));
+    check(zf_engine_check_params(engine_, data.data(), data.size()));
+  }
+
   void bump_params() {
     if (!torch_params_) return;
     static py::object increment_version = py::module_::import("torch").attr("_C").attr("_increment_version");
@@ -831,6 +868,12 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
       .def("submit", &PyEngine::submit, py::arg("first"), py::arg("grads"),
            "Gradients of params[first : first + len(grads)]; they must stay unchanged until end_step.")
       .def("end_step", &PyEngine::end_step)
+      .def("mark_ready", &PyEngine::mark_ready, py::arg("index"), py::arg("grad"),
+           "In a split step: params[index]'s gradient is ready (backward hooks); the engine submits runs of ready "
+           "parameters itself. The gradient must stay alive until the step ends.")
+      .def("end_step_with", &PyEngine::end_step_with, py::arg("grads"),
+           "Ends a split step with every parameter's final gradient (those not yet submitted are; a gradient marked "
+           "again after its submit retakes the step whole).")
       .def("abort_step", &PyEngine::abort_step,
            "Discards an open split step (a failed backward): the engine is as before begin_step.")
       .def("flush", &PyEngine::flush, "Applies every pending host update: the parameters are then exact.")
