@@ -1,7 +1,8 @@
 // libFuzzer target of the C ABI's validation (issue 14): zf_column_stats and
 // zf_adamw_selected_columns with fuzzed tensor descriptors, and zf_engine_create, then
-// zf_engine_load_state and zf_engine_step, with fuzzed parameters, groups, configuration
-// and checkpoint buffers. Built with -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt;
+// zf_engine_load_state and steps (plain, with per-step hyper-parameters, or split through
+// zf_engine_mark_ready / zf_engine_end_step_with), with fuzzed parameters, groups,
+// configuration and checkpoint buffers. Built with -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt;
 // tools/run_fuzz.sh runs it for a bounded time from fuzz/corpus/).
 //
 // The model of the caller: honest about memory, dishonest about everything else. Every
@@ -258,8 +259,34 @@ void fuzz_engine(Input& in, Arena& arena) {
     place(g, in, arena);
     grads.push_back(g);
   }
-  for (int step = 0; step < 2; ++step)
+  // How the steps are driven (an input that ends here takes plain steps): plain; with
+  // per-step hyper-parameters first; or split, the input marking parameters ready in its
+  // own order (out of range, twice, some never) before end_step_with.
+  const uint8_t mode = in.byte() % 3;
+  for (int step = 0; step < 2; ++step) {
+    if (mode == 1) {
+      std::vector<double> decays(group_count);
+      for (double& d : decays) d = in.real();
+      const bool with_decays = in.byte() % 2 == 0;
+      zf_engine_set_hyperparameters(engine, in.real(), in.real(), in.real(), with_decays ? decays.data() : nullptr,
+                                    with_decays ? decays.size() + in.byte() % 2 : 0);
+    }
+    if (mode == 2) {
+      zf_engine_begin_step(engine, nullptr, 0);
+      const size_t marks = in.byte() % 8;
+      for (size_t k = 0; k < marks && !grads.empty(); ++k) {
+        const size_t index = in.byte() % (grads.size() + 1);  // one past the end now and then
+        zf_engine_mark_ready(engine, index, &grads[index % grads.size()]);
+      }
+      const size_t end_count = in.byte() % 8 == 0 ? grads.size() + 1 : grads.size();
+      std::vector<zf_tensor> final_grads = grads;
+      final_grads.resize(end_count, zf_tensor{});
+      if (zf_engine_end_step_with(engine, final_grads.empty() ? nullptr : final_grads.data(), end_count) != ZF_SUCCESS)
+        zf_engine_abort_step(engine);
+      continue;
+    }
     zf_engine_step(engine, grads.empty() ? nullptr : grads.data(), grads.size(), nullptr, 0);
+  }
   zf_engine_flush(engine);
   zf_engine_destroy(engine);
 }

@@ -261,6 +261,10 @@ struct RunOptions {
   bool fp32 = false;  // no fp32 master: the weights are read back where the host needs them
   bool overlap = true;
   bool split = false;
+  // Readiness (zf_engine_mark_ready): every gradient marked ready first with other values
+  // (runs submitted, buckets copied down), then again with the step's own, so that
+  // end_step_with retakes the step whole.
+  bool ready_retake = false;
   bool fp16_overflow = false;
   int64_t update_interval = 3;
   bool clip = true;
@@ -328,7 +332,14 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
       if (t == 5) grads[1].set(3, INFINITY);
     }
     std::vector<zf_tensor> g = tensors_of(grads);
-    if (o.split) {
+    if (o.ready_retake) {
+      alive.push_back(make_grads(model, t + 100, true, 3));
+      std::vector<zf_tensor> first = tensors_of(alive.back());
+      engine.begin_step(step_lrs(model, t));
+      for (size_t i = g.size(); i-- > 0;) EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &first[i]), ZF_SUCCESS);
+      for (size_t i = g.size(); i-- > 0;) EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &g[i]), ZF_SUCCESS);
+      EXPECT_EQ(zf_engine_end_step_with(engine.get(), g.data(), g.size()), ZF_SUCCESS) << zf_last_error();
+    } else if (o.split) {
       // a backward that failed half way first: some gradients submitted (buckets packed and
       // copied down at submit), then the step discarded
       alive.push_back(make_grads(model, t + 100, true, 3));
@@ -404,6 +415,27 @@ TEST_P(EngineLaneOrdering, AnyInterleavingMatchesTheHostBackendBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflow, EngineLaneOrdering,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Bool()));
+
+TEST(EngineLaneOrdering, AStepRetakenByReadinessMatchesThePlainStepInAnyInterleaving) {
+  RunOptions o;
+  const auto reference = trajectory(o);
+  o.ready_retake = true;
+  expect_same(reference, trajectory(o), "retaken, host backend");
+  o.simulated = true;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    for (int eagerness : {0, 100}) {
+      o.seed = seed;
+      o.eagerness = eagerness;
+      o.slow_copies = seed % 2 == 0;
+      expect_same(reference, trajectory(o), "retaken, simulated asynchronous backend");
+    }
+  }
+  o.parts = {0, 1, 0, 1, 0, 1};
+  o.simulated = false;
+  RunOptions plain_parts;
+  plain_parts.parts = o.parts;
+  expect_same(trajectory(plain_parts), trajectory(o), "retaken, 2 parts");
+}
 
 TEST(EngineLaneOrdering, Fp32WeightsAreTheirOwnMasterInAnyInterleaving) {
   // Re-selections move leaving columns' weights to the host, and the checkpoint reads the
