@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "common/adam_math.hpp"
+#include "common/float_convert.hpp"
 #include "common/thread_pool.hpp"
 #include "ops/cpu_adamw_plan.hpp"
+#include "simd/kernels.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -1344,6 +1346,45 @@ TEST(CpuAdamwFlat, BadLayoutsRejectedAndNothingWritten) {
   expect_error(call(good, sizes, nullptr, &master_t, &v_t, into_master), ZF_ERROR_INVALID_VALUE, "overlap", untouched);
   EXPECT_EQ(call(good, sizes, nullptr, &master_t, &v_t, outs), ZF_SUCCESS) << zf_last_error();
   EXPECT_FALSE(untouched());
+}
+
+}  // namespace
+
+// ---- the window's first accumulate (engine: acc_fresh) ----
+
+namespace {
+
+// The overwrite form of the accumulate kernel gives, at every level the CPU has, the bits of
+// adding into a zeroed accumulator (-0.0 products included: they become +0.0 there), and
+// never reads the accumulator: it starts as NaN garbage here.
+TEST(AccumulateKernel, OverwriteEqualsAddingIntoZerosBitForBit) {
+  std::vector<const zf::simd::KernelTable*> tables = {zf::simd::kernel_table_scalar()};
+#if defined(ZENFLOW_HAVE_X86_SIMD)
+  if (zf_simd_level_supported() >= ZF_SIMD_AVX2) tables.push_back(zf::simd::kernel_table_avx2());
+  if (zf_simd_level_supported() >= ZF_SIMD_AVX512) tables.push_back(zf::simd::kernel_table_avx512());
+#endif
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const zf::simd::KernelTable* table : tables) {
+    for (zf_dtype dtype : {ZF_DTYPE_F32, ZF_DTYPE_BF16, ZF_DTYPE_F16}) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{16}, int64_t{37}, int64_t{131}}) {
+        std::vector<float> values(static_cast<size_t>(count));
+        for (float& v : values) v = normal(rng);
+        if (count > 2) values[1] = -0.0f, values[2] = 0.0f;
+        std::vector<uint16_t> half(values.size());
+        for (size_t i = 0; i < values.size(); ++i)
+          half[i] = dtype == ZF_DTYPE_BF16 ? zf::f32_to_bf16(values[i]) : zf::f32_to_f16(values[i]);
+        const void* x = dtype == ZF_DTYPE_F32 ? static_cast<const void*>(values.data()) : half.data();
+        for (float scale : {0.75f, -1.0f}) {
+          std::vector<float> added(values.size(), 0.0f), written(values.size(), std::nanf(""));
+          table->accumulate(added.data(), x, dtype, count, scale, false);
+          table->accumulate(written.data(), x, dtype, count, scale, true);
+          EXPECT_EQ(std::memcmp(added.data(), written.data(), added.size() * sizeof(float)), 0)
+              << zf_simd_level_name(table->level) << " " << zf_dtype_name(dtype) << " count " << count;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

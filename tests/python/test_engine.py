@@ -693,3 +693,36 @@ def test_stats_keys_and_values():
         assert stats[key] >= 0, key
     assert 0.0 < stats["selected_fraction"] <= 1.0
     assert stats["host_state_bytes"] > 0
+
+
+# ---- the host lane's traffic ----
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("interval", [1, 2, 4, 8])
+def test_host_lane_bytes_follow_the_formula(interval, dtype):
+    """Per deferred element and window of S steps, with g the gradient's bytes and w the
+    weights' (here both the parameter dtype): a window's first accumulate reads g and writes
+    the fp32 accumulator A (4), the S - 1 others read g and A and write A (g + 8 each); the
+    update reads A, master, m, v (16) and writes master, m, v (12) and the upload copy (w),
+    and A is not zeroed. Per deferred column, its int32 step count is read and written."""
+    shapes = [(16, 40), (8, 24), (5, 13)]
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    config = {"topk_ratio": 0.25, "update_interval": interval, "overlap_step": False}
+    engine = _C.Engine(params, [{"params": [0, 1, 2], "lr": 1e-3}], config)
+    windows = 3
+    for _ in range(windows * interval):
+        engine.step([torch.randn(s, generator=gen).to(dtype) for s in shapes], None)
+    stats = engine.stats()
+    engine.close()
+    assert stats["windows"] == windows
+    size = torch.tensor([], dtype=dtype).element_size()
+    deferred = sum(r * (c - max(1, c // 4)) for r, c in shapes)
+    columns = sum(c - max(1, c // 4) for r, c in shapes)
+    read = deferred * (size * interval + 4 * (interval - 1) + 16) + 4 * columns
+    written = deferred * (4 * interval + 12 + size) + 4 * columns
+    assert stats["host_lane_bytes_read"] == windows * read
+    assert stats["host_lane_bytes_written"] == windows * written
+    if dtype == torch.bfloat16 and interval == 4:  # 74 B before (A read at the first step, zeroed)
+        assert (read + written - 8 * columns) / deferred == 66

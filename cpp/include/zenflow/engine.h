@@ -401,6 +401,14 @@ typedef struct zf_engine_stats {
   int64_t collective_bytes_statistics; /* column sums, non-finite flags, failure flags */
   int64_t collective_bytes_gradients;  /* all-reduced and reduce-scattered gradients */
   int64_t collective_bytes_upload;     /* all-gathered updated columns, selection exchanges */
+  /* The host lane's memory traffic, counted by the engine from what its jobs touch: bytes
+   * read and written by the accumulates (packed gradient, accumulator) and the window
+   * updates (accumulator, fp32 master and moments, step counts, the upload copy). Per
+   * deferred element and window of S steps: a window's first accumulate writes the
+   * accumulator without reading it, the others read and write it, and the update does not
+   * zero it (docs/design.md, "host lane traffic"). Since 0.1.0 (2026-12-05). */
+  int64_t host_lane_bytes_read;
+  int64_t host_lane_bytes_written;
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);

@@ -140,8 +140,12 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     const int64_t rows = m.rows, cols = m.cols, k = static_cast<int64_t>(m.selected.size());
     const int64_t lo = m.own_lo, hi = m.own_lo + m.own_cols;
     float* accumulator = static_cast<float*>(buffers[e + 7].data);
-    const std::vector<float>& acc = m.acc[acc_current_];  // the open window's (the other is zero)
-    if (parallel()) {                                     // the columns of other ranks: zeros
+    // The open window's accumulator; one that holds nothing of it (it is not zeroed after
+    // an update) is saved as zeros, as are the selected columns' entries, which no
+    // accumulate touches.
+    const bool holds_window = steps_accumulated_ > 0 && m.acc_fresh[acc_current_] == 0;
+    const std::vector<float>& acc = m.acc[acc_current_];
+    if (parallel()) {  // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
     for (int64_t j = lo; j < hi; ++j) {  // host layout [own_cols, rows] -> [rows, cols]
@@ -150,7 +154,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
         master[r * cols + j] = m.master[local * rows + r];
         exp_avg[r * cols + j] = m.exp_avg[local * rows + r];
         exp_avg_sq[r * cols + j] = m.exp_avg_sq[local * rows + r];
-        accumulator[r * cols + j] = acc[local * rows + r];
+        accumulator[r * cols + j] = holds_window ? acc[local * rows + r] : 0.0f;
       }
       steps[j] = m.steps[local];
     }
@@ -162,6 +166,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
             m.has_master ? state_float(m.dev_master)[r * k + c] : widen(weights, p.tensor.dtype, r * cols + j);
         exp_avg[r * cols + j] = state_float(m.dev_exp_avg)[r * k + c];
         exp_avg_sq[r * cols + j] = state_float(m.dev_exp_avg_sq)[r * k + c];
+        accumulator[r * cols + j] = 0.0f;
       }
       steps[j] = state_int(m.dev_steps)[c];
     }

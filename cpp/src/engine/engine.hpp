@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -203,6 +204,11 @@ class Engine {
     size_t col_offset = 0;          // this matrix's column sums in the col_sq region (floats)
     // host layout [cols, rows]
     std::vector<float> master, exp_avg, exp_avg_sq, acc[2];
+    // Per accumulator: 1 while it holds nothing of an open window (the next accumulate
+    // writes it instead of adding; the update that consumes it does not zero it). Touched
+    // by the host lane's jobs only (one thread), and by the training thread only while the
+    // lane is idle (rebuild_plans).
+    uint8_t acc_fresh[2] = {1, 1};
     std::vector<int32_t> steps;
     size_t dev_master = 0, dev_exp_avg = 0, dev_exp_avg_sq = 0, dev_steps = 0;  // device offsets
     size_t compact_bytes = 0;
@@ -234,8 +240,9 @@ class Engine {
     size_t upload_offset;
     std::unique_ptr<PackPlan> pack;
     AccumulatePlan accumulate;
-    size_t packed_bytes = 0;                                  // with the current selection
-    size_t early_slot = 0;                                    // the staging slot it took at submit (split steps)
+    std::vector<uint8_t> overwrite;  // host lane: per matrix, this accumulate writes (acc_fresh)
+    size_t packed_bytes = 0;         // with the current selection
+    size_t early_slot = 0;           // the staging slot it took at submit (split steps)
     std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
     std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
     std::vector<const int32_t*> selected_ptrs;                // device: what `pack` skips
@@ -454,6 +461,8 @@ class Engine {
   // stats
   int64_t windows_ = 0, reselections_ = 0, skipped_steps_ = 0, bytes_down_ = 0, bytes_up_ = 0;
   double last_norm_ = 0.0, stall_close_ = 0.0, stall_back_pressure_ = 0.0, stall_flush_ = 0.0, stall_readback_ = 0.0;
+  // The host lane's traffic (zf_engine_stats): added by its jobs, read by stats().
+  std::atomic<int64_t> host_bytes_read_{0}, host_bytes_written_{0};
 };
 
 }  // namespace zf

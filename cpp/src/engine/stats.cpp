@@ -35,6 +35,8 @@ zf_engine_stats Engine::stats() const {
   s.collective_bytes_statistics = collective_stats_bytes_;
   s.collective_bytes_gradients = collective_gradient_bytes_;
   s.collective_bytes_upload = collective_upload_bytes_;
+  s.host_lane_bytes_read = host_bytes_read_.load(std::memory_order_relaxed);
+  s.host_lane_bytes_written = host_bytes_written_.load(std::memory_order_relaxed);
   return s;
 }
 

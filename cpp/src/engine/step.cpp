@@ -242,12 +242,29 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
   uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
   const int acc = acc_current_;
   Backend* backend = backend_.get();
-  return lane_->submit_accumulate([&b, host_slot, acc, backend, copied](ThreadPool& pool) {
+  return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied](ThreadPool& pool) {
     backend->host_wait(copied);
     SlotHeader h;
     std::memcpy(&h, host_slot, sizeof(h));
     if (h.skip) return;
-    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale);
+    // A window's first accumulate of a matrix writes its accumulator (as adding into zeros
+    // would) without reading it: the update before left it unzeroed.
+    const size_t count = b.last - b.first;
+    b.overwrite.resize(count);
+    int64_t read = 0, written = 0;
+    const size_t element = zf_dtype_size(b.dtype);
+    for (size_t i = 0; i < count; ++i) {
+      Matrix& m = matrices_[b.first + i];
+      b.overwrite[i] = m.acc_fresh[acc];
+      const int64_t deferred = m.rows * (m.own_cols - static_cast<int64_t>(m.own_selected.size()));
+      if (deferred == 0) continue;
+      m.acc_fresh[acc] = 0;
+      read += deferred * static_cast<int64_t>(element) + (b.overwrite[i] ? 0 : 4 * deferred);
+      written += 4 * deferred;
+    }
+    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale, b.overwrite.data());
+    host_bytes_read_.fetch_add(read, std::memory_order_relaxed);
+    host_bytes_written_.fetch_add(written, std::memory_order_relaxed);
   });
 }
 
@@ -572,7 +589,8 @@ void Engine::wait_all_slots(double* stall) {
 
 void Engine::start_update() {
   // The host AdamW of the deferred columns on A / steps_accumulated, one chunk per matrix,
-  // writing the upload copy U; A is zeroed as it is consumed.
+  // writing the upload copy U. A is not zeroed: the window's first accumulate overwrites it
+  // (acc_fresh), which saves a write per element here and a read there.
   std::vector<WorkQueue::Chunk> chunks;
   const int acc = acc_current_;
   const float scale = 1.0f / static_cast<float>(steps_accumulated_);
@@ -590,19 +608,29 @@ void Engine::start_update() {
     const double lr = last_lr_[group];
     const double wd = last_weight_decay_[group];
     uint8_t* out = upload_.data() + m.upload_offset;
+    const zf_dtype out_dtype = buckets_[m.bucket].dtype;
     const zf_adam_hparams hparams = last_hparams_;
     Backend* backend = backend_.get();
     const Event uploaded = uploads_done_;  // U is still being copied up until then
     chunks.push_back(
-        [this, &m, acc, scale, lr, wd, out, hparams, backend, uploaded, window_elements](ThreadPool& pool) {
+        [this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements](ThreadPool& pool) {
           backend->host_wait(uploaded);
           const zf_column_state state = host_state(m, true);
           zf_tensor grad = state.exp_avg;
           grad.data = m.acc[acc].data();
           ColumnStepPointers pointers{&state, &grad, nullptr, out};
-          AdamRunValues values{
-              &lr, &wd, hparams, scale, ZF_CPU_ADAMW_ZERO_GRAD | ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
+          AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
           m.update_plan.run(pool, pointers, values);
+          m.acc_fresh[acc] = 1;
+          // Per deferred element: A, master (when held), m, v read and written back but A;
+          // the upload copy written in the weights' dtype; per column its step count.
+          const int64_t columns = m.own_cols - static_cast<int64_t>(m.own_selected.size());
+          const int64_t deferred = m.rows * columns;
+          const int64_t fields = state.master.data != nullptr ? 3 : 2;
+          host_bytes_read_.fetch_add(4 * deferred * (1 + fields) + 4 * columns, std::memory_order_relaxed);
+          host_bytes_written_.fetch_add(
+              4 * deferred * fields + deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + 4 * columns,
+              std::memory_order_relaxed);
         });
   }
   acc_current_ ^= 1;

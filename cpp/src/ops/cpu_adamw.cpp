@@ -499,12 +499,13 @@ void AccumulatePlan::build(const zf_tensor* accumulators, const zf_tensor* selec
   packed_dtype_ = packed->dtype;
 }
 
-void AccumulatePlan::run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale) const {
+void AccumulatePlan::run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale,
+                         const uint8_t* overwrite) const {
   const simd::KernelTable& kernels = simd::active_kernels();
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     kernels.accumulate(static_cast<float*>(accumulators[piece.matrix].data) + piece.state_offset + offset,
-                       element_pointer(packed, packed_dtype_, piece.grad_offset + offset), packed_dtype_, length,
-                       scale);
+                       element_pointer(packed, packed_dtype_, piece.grad_offset + offset), packed_dtype_, length, scale,
+                       overwrite != nullptr && overwrite[piece.matrix] != 0);
   });
 }
 

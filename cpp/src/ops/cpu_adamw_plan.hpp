@@ -293,8 +293,10 @@ class AccumulatePlan {
 
   // accumulators += scale * packed on the unselected columns. Requires accumulators of the
   // built shapes (only their `data` is read), a packed buffer of the built dtype and size,
-  // a finite scale and no overlap.
-  void run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale) const;
+  // a finite scale and no overlap. overwrite (nullptr: none): per matrix, nonzero where
+  // its accumulator is to be written as if it were zero, not read (a window's first step).
+  void run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale,
+           const uint8_t* overwrite = nullptr) const;
 
  private:
   PackedLayout layout_;

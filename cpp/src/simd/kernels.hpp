@@ -59,7 +59,9 @@ struct KernelTable {
   // every level; see kernels_adam_impl.hpp.
   void (*adam_step)(const AdamStepArgs& args, int64_t count);
   // acc[i] = accumulate_element(acc[i], x[i], scale) for i < count; x is f32, bf16 or f16.
-  void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale);
+  // overwrite: acc[i] = accumulate_element(0.0f, x[i], scale), acc not read (a window's
+  // first accumulate: the bits of adding into a zeroed accumulator, without reading it).
+  void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite);
 
   // Transposing copies of one block (see kernels_pack_impl.hpp); every element is computed as
   // column_index.hpp defines it, so all levels agree bit for bit:

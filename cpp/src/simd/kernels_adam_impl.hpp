@@ -224,33 +224,43 @@ void adam_step(const zf::simd::AdamStepArgs& a, int64_t count) {
   }
 }
 
-template <class Isa, int kDtype>
+template <class Isa, int kDtype, bool kOverwrite>
 void accumulate_typed(float* acc, const void* x, int64_t count, float scale) {
   const typename Isa::F32 factor = Isa::set1(scale);
+  // Overwrite adds into +0.0f (not the product alone): -0.0 becomes +0.0 as it does in a
+  // zeroed accumulator, so both forms give the same bits.
+  const typename Isa::F32 zero = Isa::set1(0.0f);
   int64_t i = 0;
   for (; i + Isa::kLanes <= count; i += Isa::kLanes) {
-    Isa::store_f32(acc + i, Isa::fma(load_as_f32<Isa, kDtype>(x, i), factor, Isa::load_f32(acc + i)));
+    const typename Isa::F32 base = kOverwrite ? zero : Isa::load_f32(acc + i);
+    Isa::store_f32(acc + i, Isa::fma(load_as_f32<Isa, kDtype>(x, i), factor, base));
   }
   if (i == count) return;
   const size_t rest = static_cast<size_t>(count - i);
   constexpr size_t x_bytes = element_bytes(kDtype);
   alignas(64) float padded_acc[Isa::kLanes] = {};
   alignas(64) unsigned char padded_x[Isa::kLanes * 4] = {};
-  std::memcpy(padded_acc, acc + i, rest * sizeof(float));
+  if (!kOverwrite) std::memcpy(padded_acc, acc + i, rest * sizeof(float));
   std::memcpy(padded_x, static_cast<const unsigned char*>(x) + i * x_bytes, rest * x_bytes);
   Isa::store_f32(padded_acc, Isa::fma(load_as_f32<Isa, kDtype>(padded_x, 0), factor, Isa::load_f32(padded_acc)));
   std::memcpy(acc + i, padded_acc, rest * sizeof(float));
 }
 
+template <class Isa, int kDtype>
+void accumulate_dtype(float* acc, const void* x, int64_t count, float scale, bool overwrite) {
+  if (overwrite) return accumulate_typed<Isa, kDtype, true>(acc, x, count, scale);
+  accumulate_typed<Isa, kDtype, false>(acc, x, count, scale);
+}
+
 template <class Isa>
-void accumulate(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale) {
+void accumulate(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite) {
   switch (x_dtype) {
     case ZF_DTYPE_F32:
-      return accumulate_typed<Isa, ZF_DTYPE_F32>(acc, x, count, scale);
+      return accumulate_dtype<Isa, ZF_DTYPE_F32>(acc, x, count, scale, overwrite);
     case ZF_DTYPE_BF16:
-      return accumulate_typed<Isa, ZF_DTYPE_BF16>(acc, x, count, scale);
+      return accumulate_dtype<Isa, ZF_DTYPE_BF16>(acc, x, count, scale, overwrite);
     default:
-      return accumulate_typed<Isa, ZF_DTYPE_F16>(acc, x, count, scale);
+      return accumulate_dtype<Isa, ZF_DTYPE_F16>(acc, x, count, scale, overwrite);
   }
 }
 

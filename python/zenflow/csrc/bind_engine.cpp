@@ -628,6 +628,8 @@ class PyEngine {
     out["collective_bytes_statistics"] = s.collective_bytes_statistics;
     out["collective_bytes_gradients"] = s.collective_bytes_gradients;
     out["collective_bytes_upload"] = s.collective_bytes_upload;
+    out["host_lane_bytes_read"] = s.host_lane_bytes_read;
+    out["host_lane_bytes_written"] = s.host_lane_bytes_written;
     return out;
   }
 
