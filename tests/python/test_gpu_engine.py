@@ -117,9 +117,21 @@ def cuda_engine(params, config, groups=GROUPS):
 
 
 def drive(engine, grads, lrs, split):
-    """One step: whole, or begin_step + submit in backward order (split = chunk sizes)."""
+    """One step: whole, or begin_step + submit in backward order (split = chunk sizes), or
+    readiness ("ready": mark_ready in backward order, then end_step_with; "retake": every
+    gradient marked first as zeros, then as itself, so the engine retakes the step whole)."""
     if split is None:
         engine.step(grads, lrs)
+        return
+    if split in ("ready", "retake"):
+        engine.begin_step(lrs)
+        if split == "retake":
+            zeros = [torch.zeros_like(g) for g in grads]
+            for i in reversed(range(len(grads))):
+                engine.mark_ready(i, zeros[i])
+        for i in reversed(range(len(grads))):
+            engine.mark_ready(i, grads[i])
+        engine.end_step_with(grads)
         return
     engine.begin_step(lrs)
     first = len(grads)
@@ -158,9 +170,12 @@ def assert_same_state(a, b, what, exact=True):
     assert a["loss_scaler"] == b["loss_scaler"], what
 
 
-def run_pair(config, steps, dtype, split=None, overflow_at=None, scale=1.0, exact=True):
+def run_pair(
+    config, steps, dtype, split=None, overflow_at=None, scale=1.0, exact=True, hparams=None
+):
     """The CUDA and the host engine from the same parameters and gradients, compared after
-    every step, then their flushed states. Returns both engines and parameter lists."""
+    every step, then their flushed states (hparams: t -> (betas, eps, weight decays) set on
+    both before step t). Returns both engines and parameter lists."""
     cpu_params = make_params(dtype)
     cuda_params = [p.to(DEV) for p in cpu_params]
     host = _C.Engine(cpu_params, copy.deepcopy(GROUPS), dict(config))
@@ -170,11 +185,14 @@ def run_pair(config, steps, dtype, split=None, overflow_at=None, scale=1.0, exac
         grads = make_grads(t, dtype, scale=scale * host.loss_scale)
         if t == overflow_at:
             grads[3].view(-1)[2] = float("inf")
+        if hparams is not None:
+            host.set_hyperparameters(*hparams(t))
+            device.set_hyperparameters(*hparams(t))
         drive(host, grads, lrs_at(t), split)
         drive(device, [g.to(DEV) for g in grads], lrs_at(t), split)
         assert_same_weights(cuda_params, cpu_params, f"after step {t + 1}", exact)
     stats_d, stats_h = device.stats(), host.stats()
-    for key in COUNTERS:
+    for key in (*COUNTERS, "host_lane_bytes_read", "host_lane_bytes_written"):
         assert stats_d[key] == stats_h[key], key
     assert_same_state(device.state_dict(), host.state_dict(), "flushed state", exact)
     assert_same_weights(cuda_params, cpu_params, "after the flush", exact)
@@ -198,6 +216,22 @@ def test_same_weights_as_the_host_backend(dtype, overlap):
 
 def test_split_submit_form():
     run_pair(BASE, steps=9, dtype=torch.bfloat16, split=[1, 2, 2, 3])
+
+
+@pytest.mark.parametrize("form", ["ready", "retake"])
+def test_readiness_and_a_retaken_step_equal_the_host_engine(form):
+    """mark_ready / end_step_with on the CUDA backend: runs submitted during the step
+    (staging slots packed and copied down), and a step retaken whole after every gradient
+    grew past its submit, equal the host engine bit for bit."""
+    run_pair(dict(BASE, bucket_bytes=64), steps=9, dtype=torch.bfloat16, split=form)
+
+
+def test_per_step_hyperparameters_equal_the_host_engine():
+    def hparams(t):
+        phase = (t % 5) / 5.0
+        return (0.85 + 0.1 * phase, 0.99 + 0.009 * phase), 1e-8 * (1 + t), [0.1 * t, 0.0, 0.01]
+
+    run_pair(BASE, steps=9, dtype=torch.bfloat16, hparams=hparams)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
