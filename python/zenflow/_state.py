@@ -10,22 +10,12 @@ from typing import Any
 
 import torch
 
+from ._native import native
 from .config import check_hyperparameters
 from .distributed import column_range, consolidate_shards
 
-# The per-parameter entries of the engine's checkpoint (engine.h: zf_engine_state_kind).
-_MATRIX_KEYS = (
-    "master",
-    "exp_avg",
-    "exp_avg_sq",
-    "steps",
-    "selected",
-    "window_score",
-    "window_energy",
-    "accumulator",
-)
-_DENSE_KEYS = ("master", "exp_avg", "exp_avg_sq", "steps")
-_INT_KEYS = ("steps", "selected")
+# The engine's checkpoint entries are described by the engine (engine.h:
+# zf_engine_param_state_layout): _engine_entries asks it; nothing here copies the schema.
 _SCHEDULE_KEYS = (
     "step",
     "window",
@@ -55,21 +45,21 @@ def _columns(p: torch.Tensor) -> int:
     return p.numel() // p.shape[0] if p.dim() >= 2 and p.shape[0] > 0 else 0
 
 
-def _entry_shapes(p: torch.Tensor, matrix: bool) -> dict[str, tuple[int, ...]]:
-    """The shape of every entry of the engine's state of one parameter (engine.h)."""
-    shapes = {"master": tuple(p.shape), "exp_avg": tuple(p.shape), "exp_avg_sq": tuple(p.shape)}
-    if not matrix:
-        shapes["steps"] = (1,)
-        return shapes
-    n = _columns(p)
-    shapes.update(
-        steps=(n,),
-        selected=(0,),
-        window_score=(2, n),
-        window_energy=(2,),
-        accumulator=tuple(p.shape),
+def _engine_entries(p: torch.Tensor, matrix: bool) -> dict[str, tuple[torch.dtype, tuple]]:
+    """Every entry of the engine's state of one parameter, in the engine's order: name ->
+    (dtype, shape), as the engine describes them (a matrix is what the engine calls one:
+    two or more dimensions, outside a dense group)."""
+    return {
+        name: (getattr(torch, dtype), tuple(shape))
+        for name, dtype, shape in native().param_state_layout(p, not matrix)
+    }
+
+
+def _is_matrix(p: torch.Tensor, zenflow_group: bool) -> bool:
+    """The engine's rule (its state of a matrix has a selection)."""
+    return any(
+        name == "selected" for name, _, _ in native().param_state_layout(p, not zenflow_group)
     )
-    return shapes
 
 
 def _fresh_entry(
@@ -78,15 +68,13 @@ def _fresh_entry(
     """The engine's state of a parameter that has not taken a step; entries in `given` are
     taken as they are (only the others are allocated)."""
     entry = dict(given or {})
-    for key, shape in _entry_shapes(p, matrix).items():
+    for key, (dtype, shape) in _engine_entries(p, matrix).items():
         if key in entry:
             continue
         if key == "master":
             entry[key] = p.detach().to("cpu", torch.float32).contiguous().clone()
         else:
-            entry[key] = torch.zeros(
-                shape, dtype=torch.int32 if key in _INT_KEYS else torch.float32
-            )
+            entry[key] = torch.zeros(shape, dtype=dtype)
     return entry
 
 
@@ -352,8 +340,7 @@ class _StateDictMixin:
         if not isinstance(saved, dict):
             raise TypeError(f"{name}: expected a dict")
         entry = {}
-        shapes = _entry_shapes(p, matrix)
-        for key in _MATRIX_KEYS if matrix else _DENSE_KEYS:
+        for key, (dtype, shape) in _engine_entries(p, matrix).items():
             if key not in saved:
                 if key in ("selected", "window_score", "window_energy", "accumulator"):
                     # a parameter that was dense when saved, or a state saved before the
@@ -367,18 +354,17 @@ class _StateDictMixin:
                 mask = self._tensor(f"{name}['selected']", saved[key], torch.bool, (_columns(p),))
                 entry[key] = mask.nonzero().flatten().to(torch.int32)
                 continue
-            dtype = torch.int32 if key in _INT_KEYS else torch.float32
             if key == "steps" and isinstance(saved[key], torch.Tensor):
                 _check_step_counts(f"{name}['steps']", saved[key])
             if key == "steps" and matrix and saved[key].numel() == 1:
                 entry[key] = (
                     self._tensor(f"{name}['steps']", saved[key], dtype, None)
                     .reshape(1)
-                    .expand(shapes["steps"])
+                    .expand(shape)
                     .contiguous()
                 )  # dense when saved: every column has its count
                 continue
-            entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shapes[key])
+            entry[key] = self._tensor(f"{name}[{key!r}]", saved[key], dtype, shape)
         if not matrix and saved["steps"].numel() != 1:
             raise ValueError(
                 f"{name}['steps']: per-column step counts of a matrix cannot load into a dense parameter"

@@ -16,7 +16,7 @@ import torch
 
 from ._native import native
 from ._overlap import _OverlapHandle, _OverlapMixin
-from ._state import _fresh_entry, _StateDictMixin
+from ._state import _fresh_entry, _is_matrix, _StateDictMixin
 from ._stats import format_stats, stall_seconds
 from .config import (
     ENGINE_DEFAULTS,
@@ -48,7 +48,7 @@ class _Layout:
                     continue
                 indices.append(len(self.params))
                 self.params.append(p)
-                self.matrix.append(p.dim() >= 2 and bool(group["zenflow"]))
+                self.matrix.append(_is_matrix(p, bool(group["zenflow"])))
             self.groups.append(
                 {
                     "params": indices,

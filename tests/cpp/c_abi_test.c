@@ -807,6 +807,27 @@ static void check_engine_calls(void) {
     EXPECT_ERROR(zf_engine_state_layout(engine, entries, &too_few), ZF_ERROR_INVALID_VALUE, "count");
   }
   EXPECT_OK(zf_engine_state_layout(engine, entries, &count));
+  { /* one parameter's entries, as the engine describes them: the same as in its layout */
+    zf_engine_state_entry one[8];
+    size_t n = 0, j;
+    EXPECT_ERROR(zf_engine_param_state_layout(NULL, 0, NULL, &n), ZF_ERROR_INVALID_VALUE, "param");
+    EXPECT_ERROR(zf_engine_param_state_layout(&f.params[0], 0, NULL, NULL), ZF_ERROR_INVALID_VALUE, "count");
+    EXPECT_OK(zf_engine_param_state_layout(&f.params[0], 0, NULL, &n));
+    EXPECT(n == 8);
+    n = 7;
+    EXPECT_ERROR(zf_engine_param_state_layout(&f.params[0], 0, one, &n), ZF_ERROR_INVALID_VALUE, "count");
+    n = 8;
+    EXPECT_OK(zf_engine_param_state_layout(&f.params[0], 0, one, &n));
+    for (j = 0; j < n && j < count; ++j) { /* the weight comes first; it has stepped, so its
+                                              selection ([2]) is the one entry that differs */
+      EXPECT(one[j].kind == entries[j].kind && one[j].dtype == entries[j].dtype);
+      if (one[j].kind != ZF_STATE_SELECTED) EXPECT(one[j].bytes == entries[j].bytes);
+    }
+    EXPECT_OK(zf_engine_param_state_layout(&f.params[0], 1, NULL, &n)); /* in a dense group */
+    EXPECT(n == 4);
+    EXPECT_OK(zf_engine_param_state_layout(&f.params[1], 0, NULL, &n)); /* a vector */
+    EXPECT(n == 4);
+  }
   {
     zf_tensor buffers[32];
     void* storage[32];

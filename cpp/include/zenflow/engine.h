@@ -468,6 +468,17 @@ typedef struct zf_engine_state_entry {
   size_t bytes;
 } zf_engine_state_entry;
 
+/*
+ * The state entries of one parameter, as zf_engine_state_layout lays them out for it before
+ * its first selection (SELECTED [0]; `param` index 0): 4 for a dense parameter, 8 for a
+ * matrix (two or more dimensions outside a dense group, dense_group 0). Only param's dtype,
+ * ndim and shape are read (data may be NULL). entries NULL: *count receives the number;
+ * else *count is the capacity of entries, then the number written. A layer above builds a
+ * fresh state, or checks a state's schema, from this description. Since 0.1.0 (2026-12-05).
+ */
+ZF_API zf_status zf_engine_param_state_layout(const zf_tensor* param, int dense_group, zf_engine_state_entry* entries,
+                                              size_t* count);
+
 /* The schedule counters' positions in the counters array. */
 enum {
   ZF_COUNTER_STEP = 0,            /* steps taken */

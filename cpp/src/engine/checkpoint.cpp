@@ -8,6 +8,7 @@
 
 #include "common/error.hpp"
 #include "common/float_convert.hpp"
+#include "common/matrix_view.hpp"
 #include "common/tensor.hpp"
 #include "engine/engine.hpp"
 
@@ -42,26 +43,32 @@ float widen(const void* data, zf_dtype dtype, int64_t i) {
 
 std::vector<zf_engine_state_entry> Engine::state_layout() const { return layout_entries(true); }
 
+std::vector<zf_engine_state_entry> param_state_entries(size_t name, const zf_tensor& param, bool matrix, int64_t k) {
+  std::vector<zf_engine_state_entry> out;
+  for (zf_engine_state_kind kind : {ZF_STATE_MASTER, ZF_STATE_EXP_AVG, ZF_STATE_EXP_AVG_SQ})
+    out.push_back(entry(name, kind, ZF_DTYPE_F32, param.ndim, param.shape));
+  if (!matrix) {
+    const int64_t one = 1;
+    out.push_back(entry(name, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &one));
+    return out;
+  }
+  const int64_t cols = matrix_view(param).cols, score[2] = {2, cols}, two = 2;
+  out.push_back(entry(name, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &cols));
+  out.push_back(entry(name, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
+  out.push_back(entry(name, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
+  out.push_back(entry(name, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
+  out.push_back(entry(name, ZF_STATE_ACCUMULATOR, ZF_DTYPE_F32, param.ndim, param.shape));
+  return out;
+}
+
 std::vector<zf_engine_state_entry> Engine::layout_entries(bool group_names) const {
   std::vector<zf_engine_state_entry> out;
-  auto name_of = [&](size_t i) { return group_names ? param_name(i) : i; };
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
-    for (zf_engine_state_kind kind : {ZF_STATE_MASTER, ZF_STATE_EXP_AVG, ZF_STATE_EXP_AVG_SQ})
-      out.push_back(entry(name_of(i), kind, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
-    if (!p.matrix) {
-      const int64_t one = 1;
-      out.push_back(entry(name_of(i), ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &one));
-      continue;
-    }
-    const Matrix& m = matrices_[p.index];
-    const int64_t k = static_cast<int64_t>(m.selected.size()), score[2] = {2, m.cols}, two = 2;
-    const size_t name = name_of(i);
-    out.push_back(entry(name, ZF_STATE_STEPS, ZF_DTYPE_I32, 1, &m.cols));
-    out.push_back(entry(name, ZF_STATE_SELECTED, ZF_DTYPE_I32, 1, &k));
-    out.push_back(entry(name, ZF_STATE_WINDOW_SCORE, ZF_DTYPE_F32, 2, score));
-    out.push_back(entry(name, ZF_STATE_WINDOW_ENERGY, ZF_DTYPE_F32, 1, &two));
-    out.push_back(entry(name, ZF_STATE_ACCUMULATOR, ZF_DTYPE_F32, p.tensor.ndim, p.tensor.shape));
+    const int64_t k = p.matrix ? static_cast<int64_t>(matrices_[p.index].selected.size()) : 0;
+    const std::vector<zf_engine_state_entry> entries =
+        param_state_entries(group_names ? param_name(i) : i, p.tensor, p.matrix, k);
+    out.insert(out.end(), entries.begin(), entries.end());
   }
   return out;
 }

@@ -169,7 +169,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
     require(param_groups[i] >= 0 && static_cast<size_t>(param_groups[i]) < group_count, ZF_ERROR_INVALID_VALUE,
             "param_groups[", param_name(i), "]: ", param_groups[i], " is not a group index (", group_count, " groups)");
     const MatrixView view = matrix_view(params[i]);
-    Param p{params[i], param_groups[i], params[i].ndim >= 2 && groups[param_groups[i]].dense == 0,
+    Param p{params[i], param_groups[i], is_matrix(params[i], groups[param_groups[i]].dense != 0),
             view.rows, view.cols,       numel(params[i]),
             0};
     const bool has_master = config.master_weights == ZF_MASTER_FP32 && params[i].dtype != ZF_DTYPE_F32;

@@ -59,6 +59,12 @@ void automatic_thread_counts(const zf_engine_config& config, int* compute_thread
 zf_engine_thread_plan thread_plan(const zf_engine_config& config);
 // Refuses a bad configuration with the field's name (zf_engine_create's checks).
 void validate_config(const zf_engine_config& config);
+// The engine's rule of which parameters are matrices (their columns selected and deferred):
+// two or more dimensions, outside a dense group. The rest take plain AdamW every step.
+inline bool is_matrix(const zf_tensor& param, bool dense_group) { return param.ndim >= 2 && !dense_group; }
+// The state entries of one parameter (zf_engine_state_layout's, in order) with k selected
+// columns, named `name`.
+std::vector<zf_engine_state_entry> param_state_entries(size_t name, const zf_tensor& param, bool matrix, int64_t k);
 
 class Engine {
  public:

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "common/error.hpp"
+#include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
 #include "engine/engine_group.hpp"
 
@@ -276,6 +277,24 @@ ZF_API zf_status zf_engine_state_layout(const zf_engine* engine, zf_engine_state
     if (entries != nullptr) {
       zf::require(*count >= layout.size(), ZF_ERROR_INVALID_VALUE, "count: ", *count, " < the ", layout.size(),
                   " entries of the state");
+      std::copy(layout.begin(), layout.end(), entries);
+    }
+    *count = layout.size();
+  });
+}
+
+ZF_API zf_status zf_engine_param_state_layout(const zf_tensor* param, int dense_group, zf_engine_state_entry* entries,
+                                              size_t* count) {
+  return zf::api_call([&] {
+    zf::require(param != nullptr, ZF_ERROR_INVALID_VALUE, "param: NULL");
+    require_out(count, "count");
+    zf::check_descriptor(param, "param");
+    zf::require(zf::numel(*param) > 0, ZF_ERROR_INVALID_VALUE, "param: has no elements");
+    const std::vector<zf_engine_state_entry> layout =
+        zf::param_state_entries(0, *param, zf::is_matrix(*param, dense_group != 0), 0);
+    if (entries != nullptr) {
+      zf::require(*count >= layout.size(), ZF_ERROR_INVALID_VALUE, "count: ", *count, " < the ", layout.size(),
+                  " entries of the parameter's state");
       std::copy(layout.begin(), layout.end(), entries);
     }
     *count = layout.size();

@@ -842,6 +842,28 @@ void register_engine(py::module_& m) {
       "The engine's thread plan for a config dict (engine.h: zf_engine_thread_plan_for): this rank's cores, "
       "the compute and host lanes' threads, and the framework's intra-op threads beside them.");
 
+  m.def(
+      "param_state_layout",
+      [](const py::handle& param, bool dense_group) {
+        Converter conv;
+        const zf_tensor tensor = conv.tensor(param, ArgName{"param"}, Access::kRead);
+        size_t count = 0;
+        check(zf_engine_param_state_layout(&tensor, dense_group ? 1 : 0, nullptr, &count));
+        std::vector<zf_engine_state_entry> entries(count);
+        check(zf_engine_param_state_layout(&tensor, dense_group ? 1 : 0, entries.data(), &count));
+        py::list out;
+        for (const zf_engine_state_entry& e : entries) {
+          py::tuple shape(static_cast<size_t>(e.ndim));
+          for (int32_t d = 0; d < e.ndim; ++d) shape[static_cast<size_t>(d)] = e.shape[d];
+          out.append(
+              py::make_tuple(zf_engine_state_kind_name(e.kind), e.dtype == ZF_DTYPE_I32 ? "int32" : "float32", shape));
+        }
+        return out;
+      },
+      py::arg("param"), py::arg("dense_group"),
+      "The engine's state entries of one parameter (engine.h: zf_engine_param_state_layout): a list of (name, "
+      "dtype name, shape), 4 for a dense parameter, 8 for a matrix; the checkpoint schema, from the engine.");
+
   py::class_<PyEngine>(m, "Engine", R"doc(
 The zenflow engine: the whole stall-free pipeline as one object (see docs/design.md).
 
