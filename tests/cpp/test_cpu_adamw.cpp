@@ -1379,7 +1379,7 @@ TEST(AccumulateKernel, OverwriteEqualsAddingIntoZerosBitForBit) {
           std::vector<float> added(values.size(), 0.0f), written(values.size(), std::nanf(""));
           table->accumulate(added.data(), x, dtype, count, scale, false);
           table->accumulate(written.data(), x, dtype, count, scale, true);
-          EXPECT_EQ(std::memcmp(added.data(), written.data(), added.size() * sizeof(float)), 0)
+          EXPECT_TRUE(added.empty() || std::memcmp(added.data(), written.data(), added.size() * sizeof(float)) == 0)
               << zf_simd_level_name(table->level) << " " << zf_dtype_name(dtype) << " count " << count;
         }
       }
