@@ -49,7 +49,7 @@ def run(model: torch.nn.Module, opt: zenflow.ZenFlowAdamW, steps: int) -> list[f
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(loss.item())
     opt.flush()
     return losses
 
