@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import warnings
 
-from . import ops
+from . import config, ops
 from ._native import native
 from ._omp import openmp_runtime_functions
 from .cpu_adamw import CPUAdamW, default_num_threads
 from .ops._args import integer
 from .optimizer import ZenFlowAdamW, format_stats
+
+# The settings table of ZenFlowAdamW's docstring is generated from the engine's (no copy to drift).
+ZenFlowAdamW.__doc__ = (ZenFlowAdamW.__doc__ or "") + "\n" + config.describe()
 
 __version__ = "0.1.0"
 

@@ -49,12 +49,11 @@ _PAUSE_OPENMP_MIN_ELEMENTS = 8 << 20
 def default_num_threads(pt_reserved_cores_perc: float = 0.5) -> int:
     """Threads for a host pool that runs beside the training framework when a share
     `pt_reserved_cores_perc` of this process's cores stays with the framework:
-    max(1, cores - floor(cores * share)), the engine's host lane by its thread plan
-    (engine.h: zf_engine_thread_plan_for). (The process-wide pool that runs the plain ops
-    and CPUAdamW has one thread per usable core: the caller waits inside those calls.)"""
+    max(1, cores - ceil(cores * share)), the engine's host lane by its thread plan
+    (engine.h: zf_engine_thread_plan_for, which also checks the share). (The process-wide pool
+    that runs the plain ops and CPUAdamW has one thread per usable core: the caller waits
+    inside those calls.)"""
     share = number("pt_reserved_cores_perc", pt_reserved_cores_perc)
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"pt_reserved_cores_perc: must be in [0, 1], got {share}")
     return int(native().engine_thread_plan({"pt_reserved_cores_perc": share})["host_threads"])
 
 

@@ -250,6 +250,9 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, torch.optim.Optimizer):
         backoff_factor: float = ENGINE_DEFAULTS["backoff_factor"],
         growth_interval: int = ENGINE_DEFAULTS["growth_interval"],
         bucket_bytes: int = ENGINE_DEFAULTS["bucket_bytes"],
+        hysteresis: int = ENGINE_DEFAULTS["hysteresis"],
+        consecutive_hysteresis: bool = ENGINE_DEFAULTS["consecutive_hysteresis"],
+        min_loss_scale: float | None = ENGINE_DEFAULTS["min_loss_scale"],
         limit_torch_threads: bool = True,
         process_group: Any = None,
     ):

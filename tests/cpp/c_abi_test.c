@@ -995,12 +995,98 @@ static void check_thread_local_errors(void) {
   EXPECT_OK(zf_set_num_threads(pool, NULL, 0));
 }
 
+/* The configuration table (zf_engine_config_key_*): one entry per field, the defaults as engine.h
+ * documents them, and every field's out-of-range value refused by create and check, naming the
+ * field, with *out untouched. */
+static void write_key(zf_engine_config* c, const zf_engine_config_key* k, double value) {
+  char* p = (char*)c + k->offset;
+  if (k->type == ZF_CONFIG_FLOAT) {
+    memcpy(p, &value, sizeof(value));
+  } else if (k->size == sizeof(int32_t)) {
+    int32_t v = (int32_t)value;
+    memcpy(p, &v, sizeof(v));
+  } else {
+    int64_t v = (int64_t)value;
+    memcpy(p, &v, sizeof(v));
+  }
+}
+
+static void check_engine_config_table(void) {
+  const zf_engine_config d = zf_engine_config_default();
+  zf_engine_config_key k;
+  size_t i, count = zf_engine_config_key_count();
+  size_t covered = 0, previous_end = 0;
+  engine_fixture f;
+  zf_engine* engine = (zf_engine*)&f;
+  zf_engine* const sentinel = engine;
+  fixture_init(&f);
+  /* The documented defaults (engine.h), independent of the table that produces them. */
+  EXPECT(d.topk_ratio == 0.1 && d.select_strategy == ZF_SELECT_AUTO && d.select_interval == 0);
+  EXPECT(d.steps_per_epoch == 0 && d.update_interval == 4 && d.full_warm_up_rounds == 0 && d.overlap_step == 1);
+  EXPECT(d.auto_ratio == 0.99 && d.pt_reserved_cores_perc == 0.5 && d.max_update_interval == 16);
+  EXPECT(d.master_weights == ZF_MASTER_FP32 && d.selection_score == ZF_SCORE_STEP && d.max_grad_norm == 0.0);
+  EXPECT(d.beta1 == 0.9 && d.beta2 == 0.999 && d.eps == 1e-8 && d.loss_scaling == ZF_LOSS_SCALING_NONE);
+  EXPECT(d.initial_scale == 65536.0 && d.growth_factor == 2.0 && d.backoff_factor == 0.5);
+  EXPECT(d.growth_interval == 2000 && d.bucket_bytes == ((size_t)64 << 20) && d.staging_slots == 4);
+  EXPECT(d.compute_threads == 0 && d.host_threads == 0 && d.ranks_per_host == 1);
+  EXPECT(d.hysteresis == 1 && d.consecutive_hysteresis == 0 && d.min_loss_scale == 0.0);
+  EXPECT_OK(zf_engine_config_check(&d));
+  EXPECT_ERROR(zf_engine_config_check(NULL), ZF_ERROR_INVALID_VALUE, "config");
+  EXPECT_ERROR(zf_engine_config_key_at(count, &k), ZF_ERROR_INVALID_VALUE, "index");
+  EXPECT_ERROR(zf_engine_config_key_at(0, NULL), ZF_ERROR_INVALID_VALUE, "out");
+  for (i = 0; i < count; ++i) {
+    zf_engine_config bad = f.config;
+    char name[96];
+    double value;
+    EXPECT_OK(zf_engine_config_key_at(i, &k));
+    EXPECT(k.name != NULL && k.meaning[0] != '\0' && k.range_text[0] != '\0' && k.default_text[0] != '\0');
+    EXPECT(k.deepspeed_key != NULL && k.deepspeed_default != NULL && k.deepspeed_difference != NULL);
+    EXPECT(k.offset + k.size <= sizeof(zf_engine_config));
+    covered += k.size;
+    /* a value out of range: every minimum is >= 0, so -1 is below it (and not a zero
+     * sentinel); a bool of 2 and a choice past the last are unknown */
+    value = k.type == ZF_CONFIG_BOOL ? 2 : k.type == ZF_CONFIG_CHOICE ? 7 : -1;
+    EXPECT(k.type == ZF_CONFIG_BOOL || k.type == ZF_CONFIG_CHOICE || k.minimum >= 0);
+    EXPECT(i == 0 || k.offset >= previous_end); /* field order, no overlap */
+    previous_end = k.offset + k.size;
+    write_key(&bad, &k, value);
+    snprintf(name, sizeof(name), "config.%s", k.name);
+    EXPECT_ERROR(zf_engine_config_check(&bad), ZF_ERROR_INVALID_VALUE, name);
+    EXPECT_ERROR(zf_engine_create(f.params, f.param_groups, 2, &f.group, 1, &bad, &engine), ZF_ERROR_INVALID_VALUE,
+                 name);
+    /* and past a finite maximum (where the field can hold the value) */
+    if ((k.type == ZF_CONFIG_FLOAT || k.type == ZF_CONFIG_INT) && k.maximum < 1e15 &&
+        !(k.size == sizeof(int32_t) && k.maximum >= 2147483647.0)) {
+      bad = f.config;
+      write_key(&bad, &k, k.maximum_open ? k.maximum : k.maximum + 1);
+      EXPECT_ERROR(zf_engine_config_check(&bad), ZF_ERROR_INVALID_VALUE, name);
+    }
+    EXPECT(engine == sentinel);
+  }
+  /* every field has its entry (the sizes add up to the fields' bytes: padding aside) */
+  EXPECT(count == 29 && covered <= sizeof(zf_engine_config) && covered + 32 >= sizeof(zf_engine_config));
+  /* the rules between fields: "auto" takes no interval; DeepSpeed's rules on top */
+  f.config.select_interval = 4;
+  EXPECT_ERROR(zf_engine_config_check(&f.config), ZF_ERROR_INVALID_VALUE, "config.select_interval");
+  f.config.select_strategy = ZF_SELECT_STEP;
+  f.config.select_interval = 1; /* shorter than update_interval 2: rounded up in the C API */
+  EXPECT_OK(zf_engine_config_check(&f.config));
+  EXPECT_ERROR(zf_engine_config_check_deepspeed(&f.config), ZF_ERROR_INVALID_VALUE, "config.select_interval");
+  f.config.select_interval = 0; /* acts as auto in the C API; DeepSpeed needs an interval */
+  EXPECT_OK(zf_engine_config_check(&f.config));
+  EXPECT_ERROR(zf_engine_config_check_deepspeed(&f.config), ZF_ERROR_INVALID_VALUE, "config.select_interval");
+  f.config.select_interval = 2;
+  EXPECT_OK(zf_engine_config_check_deepspeed(&f.config));
+  EXPECT_ERROR(zf_engine_config_check_deepspeed(NULL), ZF_ERROR_INVALID_VALUE, "config");
+}
+
 int main(void) {
   check_runtime_calls();
   check_column_ops();
   check_optimizer_ops();
   check_exchange();
   check_engine_create();
+  check_engine_config_table();
   check_engine_calls();
   check_engine_lifetime();
   check_thread_local_errors();

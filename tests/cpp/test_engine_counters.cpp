@@ -138,7 +138,7 @@ zf_engine_config every_step_config(zf_select_strategy strategy) {
   c.topk_ratio = 0.3;
   c.update_interval = 1;
   c.select_strategy = strategy;
-  c.select_interval = 1;
+  c.select_interval = strategy == ZF_SELECT_AUTO ? 0 : 1;  // "auto" takes no interval
   return c;
 }
 

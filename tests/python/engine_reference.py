@@ -69,6 +69,9 @@ DEFAULT_CONFIG = {
     "growth_factor": 2.0,
     "backoff_factor": 0.5,
     "growth_interval": 2000,
+    "hysteresis": 1,
+    "consecutive_hysteresis": False,
+    "min_loss_scale": None,
     "bucket_bytes": 64 << 20,
     "staging_slots": 4,
 }
@@ -185,6 +188,8 @@ class ReferenceZenFlow:
         self.energy_deferred = [0.0] * len(self.params)
         self.loss_scale = float(cfg["initial_scale"]) if cfg["loss_scaling"] == "dynamic" else 1.0
         self.growth_tracker = 0
+        # DeepSpeed's DynamicLossScaler, written as it counts: overflows left before a backoff.
+        self.hysteresis_left = int(cfg["hysteresis"])
         self.last_global_norm = 0.0
         self.counters = dict.fromkeys(STAT_KEYS, 0)
         # Every close decision of the auto rule: (step, matrix, E_def / E_sel); and every
@@ -298,7 +303,13 @@ class ReferenceZenFlow:
         for i, g in enumerate(raw):
             if not np.all(np.isfinite(g)):
                 if self.config["loss_scaling"] == "dynamic":
-                    self.loss_scale *= self.config["backoff_factor"]
+                    if self.hysteresis_left > 1:
+                        self.hysteresis_left -= 1
+                    else:
+                        floor = self.config["min_loss_scale"] or 0.0
+                        self.loss_scale = max(
+                            self.loss_scale * self.config["backoff_factor"], floor
+                        )
                     self.growth_tracker = 0
                     self.counters["skipped_steps"] += 1
                     return False
@@ -323,10 +334,13 @@ class ReferenceZenFlow:
             self._windowed_step(raw, used, grad_sizes, lrs)
 
         if self.config["loss_scaling"] == "dynamic":
+            if self.config["consecutive_hysteresis"]:
+                self.hysteresis_left = int(self.config["hysteresis"])
             self.growth_tracker += 1
             if self.growth_tracker == self.config["growth_interval"]:
                 self.loss_scale *= self.config["growth_factor"]
                 self.growth_tracker = 0
+                self.hysteresis_left = int(self.config["hysteresis"])
         return True
 
     def _adamw_all(self, p: _Param, g: np.ndarray, lr: float):

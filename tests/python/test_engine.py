@@ -350,6 +350,84 @@ def test_fp16_dynamic_loss_scaling_with_an_overflow_step():
     check_state(engine, ref, 9, "fp16")
 
 
+@pytest.mark.parametrize(
+    "scaler, overflows, expected",
+    [
+        # min_loss_scale: three overflows from 512 stop at 128 (the old engine reached 64)
+        (dict(min_loss_scale=128.0), (1, 2, 3), [512, 512, 256, 128, 128, 128]),
+        # hysteresis 2: the first overflow is skipped at the same scale, the second backs off,
+        # and (no refill yet) so does every later one
+        (dict(hysteresis=2), (1, 3, 4), [512, 512, 512, 512, 256, 128]),
+        # consecutive_hysteresis: the good step between two overflows refills the hysteresis
+        (
+            dict(hysteresis=2, consecutive_hysteresis=True),
+            (1, 3, 4),
+            [512, 512, 512, 512, 512, 256],
+        ),
+        # growth refills it too: the overflow after the growth is absorbed again
+        (dict(hysteresis=2, growth_interval=2), (0, 3), [512, 512, 512, 1024, 1024, 1024]),
+    ],
+    ids=["min_loss_scale", "hysteresis", "consecutive_hysteresis", "growth_refills"],
+)
+def test_deepspeed_loss_scaler_rules_follow_the_reference(scaler, overflows, expected):
+    config = dict(
+        topk_ratio=0.3,
+        update_interval=2,
+        loss_scaling="dynamic",
+        initial_scale=512.0,
+        growth_interval=100,
+        **{k: v for k, v in scaler.items() if k != "growth_interval"},
+    )
+    if "growth_interval" in scaler:
+        config["growth_interval"] = scaler["growth_interval"]
+    params = make_params(torch.float16)
+    ref = ReferenceZenFlow(params, GROUPS, config)
+    engine = _C.Engine(params, copy.deepcopy(GROUPS), dict(config))
+    scales = []
+    for t in range(len(expected)):
+        assert engine.loss_scale == ref.loss_scale, t
+        scales.append(engine.loss_scale)
+        grads = make_grads(t, torch.float16, scale=0.01 * engine.loss_scale)
+        if t in overflows:
+            grads[1].view(-1)[0] = float("inf")
+        engine.step(grads, lrs_at(t))
+        ref.step(grads, lrs_at(t))
+        check_weights(params, ref, t + 1, "fp16")
+    assert scales == expected
+    assert engine.stats()["skipped_steps"] == len(overflows)
+    check_counters(engine, ref, "fp16")
+
+
+def test_the_hysteresis_count_is_part_of_the_checkpoint_and_old_states_load():
+    config = dict(topk_ratio=0.3, update_interval=2, loss_scaling="dynamic", initial_scale=512.0)
+    config.update(hysteresis=3, growth_interval=100)
+    params = make_params(torch.float16)
+    engine = _C.Engine(params, copy.deepcopy(GROUPS), dict(config))
+    for t in range(2):  # two overflows absorbed: the next one backs off
+        grads = make_grads(t, torch.float16)
+        grads[0].view(-1)[0] = float("inf")
+        engine.step(grads, lrs_at(t))
+    state = engine.state_dict()
+    assert state["loss_scaler"]["hysteresis"] == 2 and engine.loss_scale == 512.0
+    overflow = make_grads(5, torch.float16)
+    overflow[0].view(-1)[0] = float("inf")
+    resumed = _C.Engine(make_params(torch.float16), copy.deepcopy(GROUPS), dict(config))
+    resumed.load_state_dict(copy.deepcopy(state))
+    resumed.step([g.clone() for g in overflow], lrs_at(5))
+    assert resumed.loss_scale == 256.0
+    # a state saved before the counter existed: no overflow absorbed yet
+    del state["loss_scaler"]["hysteresis"]
+    old = _C.Engine(make_params(torch.float16), copy.deepcopy(GROUPS), dict(config))
+    old.load_state_dict(state)
+    old.step([g.clone() for g in overflow], lrs_at(5))
+    assert old.loss_scale == 512.0
+    # into an engine whose hysteresis cannot hold the count: refused, naming the counter
+    state["loss_scaler"]["hysteresis"] = 2
+    small = _C.Engine(make_params(torch.float16), copy.deepcopy(GROUPS), dict(config, hysteresis=2))
+    with pytest.raises(ValueError, match="hysteresis"):
+        small.load_state_dict(state)
+
+
 # ---- exact cases: at most twice torch's own fp32 error ----
 
 

@@ -66,7 +66,8 @@ extern "C" {
 typedef struct zf_engine zf_engine; /* opaque */
 
 typedef enum zf_select_strategy {
-  ZF_SELECT_AUTO = 0, /* once per epoch (steps_per_epoch > 0), else once at window 1 */
+  ZF_SELECT_AUTO = 0, /* once per epoch (steps_per_epoch > 0), else once at window 1; select_interval
+                       * must be 0 (since 0.1.0: an interval was ignored; DeepSpeed refuses it) */
   ZF_SELECT_STEP = 1, /* every select_interval steps, rounded up to whole windows */
   ZF_SELECT_EPOCH = 2 /* every select_interval * steps_per_epoch steps */
 } zf_select_strategy;
@@ -102,7 +103,7 @@ typedef struct zf_engine_config {
   int64_t max_update_interval;        /* 16, >= 1: the longest auto window */
   zf_master_weights master_weights;   /* FP32 */
   zf_selection_score selection_score; /* STEP */
-  double max_grad_norm;               /* <= 0: no clipping (default 0) */
+  double max_grad_norm;               /* 0 = no clipping (default); else > 0 (negative: refused since 0.1.0) */
   double beta1, beta2, eps;           /* 0.9, 0.999, 1e-8 */
   zf_loss_scaling loss_scaling;       /* NONE */
   double initial_scale;               /* 65536, > 0 */
@@ -117,15 +118,74 @@ typedef struct zf_engine_config {
    * update_interval 1, or topk_ratio 1): then no host work runs beside the caller's compute. */
   int32_t ranks_per_host; /* 1, >= 1 (since 0.1.0, 2026-12-05): processes of this job on this host
                            * (data parallel: the local world size); see zf_engine_thread_plan_for */
+  /* Dynamic loss scaling, DeepSpeed's fp16 rules (since 0.1.0, 2026-12-05). An overflow step
+   * backs the scale off only when it is the hysteresis-th overflow since the scale last grew
+   * (consecutive_hysteresis 0) or in a row (1); before that it is skipped at the same scale.
+   * The scale never backs off below min_loss_scale (overflows there are skipped at it). */
+  int64_t hysteresis;             /* 1, >= 1 (1: every overflow backs off, as torch's GradScaler) */
+  int32_t consecutive_hysteresis; /* 0: a good step does not refill the hysteresis; 1: it does */
+  double min_loss_scale;          /* 0 = none (fp32's smallest normal number); else > 0 */
 } zf_engine_config;
+
+/*
+ * The configuration's table (since 0.1.0, 2026-12-05): one entry per field of
+ * zf_engine_config, in field order (beta1, beta2 and eps are one entry each). It is where every
+ * rule of a field lives: zf_engine_config_default() takes its defaults from it and
+ * zf_engine_create / zf_engine_thread_plan_for check each field against it (messages
+ * "config.<name>: ..."); bindings read it to parse their own config objects and to document
+ * them. Every string is static storage, valid for the life of the process, never NULL
+ * ("" where a column does not apply), and must not be freed.
+ */
+typedef enum zf_config_type {
+  ZF_CONFIG_FLOAT = 0, /* a double */
+  ZF_CONFIG_INT = 1,   /* an integer (int32_t, int64_t or size_t: see size) */
+  ZF_CONFIG_BOOL = 2,  /* an int32_t, 0 or 1 */
+  ZF_CONFIG_CHOICE = 3 /* an enum: the value is the index of its name in `choices` */
+} zf_config_type;
+
+typedef struct zf_engine_config_key {
+  const char* name;              /* the field's name ("topk_ratio") */
+  zf_config_type type;           /* how the field is read and written */
+  size_t offset, size;           /* where the field lies in zf_engine_config, and its bytes */
+  double minimum, maximum;       /* FLOAT and INT: the valid range (+-HUGE_VAL: unbounded) ... */
+  int32_t minimum_open;          /* ... 1: minimum itself is excluded */
+  int32_t maximum_open;          /* ... 1: maximum itself is excluded */
+  const char* zero_means;        /* FLOAT, INT: what 0 stands for, outside the range ("auto", "none"); "" if nothing */
+  const char* choices;           /* CHOICE: the names, comma separated, in enum order ("auto,step,epoch") */
+  const char* default_text;      /* the default as a person writes it ("0.1", "auto", "none", "64 MiB") */
+  const char* range_text;        /* the valid values as a person writes them ("[0, 1]", "auto or >= 1") */
+  const char* meaning;           /* one line: what the field does */
+  const char* deepspeed_key;     /* the DeepSpeed config key it comes from ("zero_optimization.zenflow.topk_ratio",
+                                    "fp16.hysteresis"); "" when DeepSpeed has none */
+  const char* deepspeed_default; /* DeepSpeed's default as a JSON literal ("\"auto\"", "false", "2"); "" when
+                                    DeepSpeed has no default or it equals zenflow's */
+  const char* deepspeed_difference; /* "" when zenflow follows DeepSpeed; else what differs and why */
+} zf_engine_config_key;
+
+/* The number of entries of the table. Since 0.1.0. */
+ZF_API size_t zf_engine_config_key_count(void);
+/* *out <- entry `index` (< zf_engine_config_key_count()); INVALID_VALUE for a bad index or NULL
+ * out, and *out is untouched. Since 0.1.0. */
+ZF_API zf_status zf_engine_config_key_at(size_t index, zf_engine_config_key* out);
+/* Checks `config` as zf_engine_create does, without creating anything: ZF_SUCCESS, or
+ * INVALID_VALUE with zf_last_error() naming the first bad field ("config.topk_ratio: must be in
+ * [0, 1], got 1.5"). Since 0.1.0. */
+ZF_API zf_status zf_engine_config_check(const zf_engine_config* config);
+/* zf_engine_config_check plus the rules DeepSpeed's zenflow config adds, which the C API's own
+ * meanings do not need: select_strategy STEP or EPOCH needs select_interval >= 1 (in the C API
+ * 0 acts as auto), and a selection period (select_interval steps, or select_interval *
+ * steps_per_epoch) no shorter than update_interval (in the C API it is rounded up to whole
+ * windows). ZenFlowAdamW and its from_config check with it. Since 0.1.0. */
+ZF_API zf_status zf_engine_config_check_deepspeed(const zf_engine_config* config);
 
 /*
  * The engine's thread plan: how many threads each of its lanes and the framework beside it
  * (torch's intra-op pool) get. "This rank's cores" are the process's CPU affinity when it is
  * narrower than the host (a launcher that pins each rank already split the cores), else the
  * host's cores / ranks_per_host (at least 1). A configuration with host work beside the
- * framework's compute gives the host lane max(1, cores - floor(cores * pt_reserved_cores_perc))
- * and the framework and the compute lane the rest (at least 1); a synchronous one (see
+ * framework's compute reserves ceil(cores * pt_reserved_cores_perc) cores for the framework
+ * (DeepSpeed's rounding), gives the host lane the rest (at least 1) and the framework and the
+ * compute lane cores - host lane (at least 1); a synchronous one (see
  * above) gives both lanes and the framework every core of the rank. Given thread counts
  * (compute_threads, host_threads > 0) win. The engine uses this plan; a layer above applies
  * framework_threads to its framework.
@@ -491,7 +551,9 @@ enum {
   ZF_COUNTER_SKIPPED = 7,           /* skipped steps */
   ZF_COUNTER_STEPS_ACCUMULATED = 8, /* steps summed in the ACCUMULATOR entries (since 0.1.0) */
   ZF_COUNTER_UPDATE_PENDING = 9,    /* 1: a host result waits for the next window close */
-  ZF_ENGINE_STATE_COUNTERS = 10
+  ZF_COUNTER_HYSTERESIS = 10,       /* overflows the loss scaler's hysteresis absorbed (since 0.1.0, 2026-12-05;
+                                       in [0, hysteresis - 1]) */
+  ZF_ENGINE_STATE_COUNTERS = 11
 };
 
 /* Query-then-run: with entries == NULL, *count receives the number of entries; otherwise

@@ -286,7 +286,11 @@ int default_thread_count() {
 }
 
 int reserved_split_thread_count(int cores, double reserved_share) {
-  return std::max(1, cores - static_cast<int>(std::floor(cores * reserved_share)));
+  // DeepSpeed's rounding (zenflow_utils._split_affinity): the framework's reserve is rounded
+  // up, so a share of 0.25 on 2 cores reserves 1 and the two sides never oversubscribe. The
+  // product is computed as Python computes it, so the two agree on every share.
+  const int reserved = std::min(cores, static_cast<int>(std::ceil(static_cast<double>(cores) * reserved_share)));
+  return std::max(1, cores - reserved);
 }
 
 namespace {

@@ -112,7 +112,7 @@ bool global_parallel_runtime_is_set();
 // may use the whole machine.
 int default_thread_count();
 // The split of `cores` for work that overlaps the training loop (the engine's host lane):
-// the framework keeps floor(cores * reserved_share) cores (pt_reserved_cores_perc), zenflow
+// the framework keeps ceil(cores * reserved_share) cores (pt_reserved_cores_perc), zenflow
 // takes the rest, at least 1. The engine's thread plan (engine.h) applies it to a rank's cores.
 int reserved_split_thread_count(int cores, double reserved_share);
 int host_cpu_count();

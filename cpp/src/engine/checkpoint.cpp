@@ -189,6 +189,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
   counters[ZF_COUNTER_SKIPPED] = skipped_steps_;
   counters[ZF_COUNTER_STEPS_ACCUMULATED] = steps_accumulated_;
   counters[ZF_COUNTER_UPDATE_PENDING] = update_pending_ ? 1 : 0;
+  counters[ZF_COUNTER_HYSTERESIS] = hysteresis_count_;
   *loss_scale = loss_scale_;
 }
 
@@ -251,6 +252,10 @@ void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const 
           ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_STEPS_ACCUMULATED}, "]: steps accumulated out of range");
   require(counters[ZF_COUNTER_UPDATE_PENDING] == 0 || counters[ZF_COUNTER_UPDATE_PENDING] == 1, ZF_ERROR_INVALID_VALUE,
           "counters[", int{ZF_COUNTER_UPDATE_PENDING}, "]: must be 0 or 1");
+  // Into an engine with a smaller hysteresis: refused like a growth tracker past its interval.
+  require(counters[ZF_COUNTER_HYSTERESIS] >= 0 && counters[ZF_COUNTER_HYSTERESIS] < config_.hysteresis,
+          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_HYSTERESIS}, "]: ", counters[ZF_COUNTER_HYSTERESIS],
+          " overflows in the hysteresis, this engine's hysteresis is ", config_.hysteresis);
   require(std::isfinite(loss_scale) && loss_scale > 0.0, ZF_ERROR_INVALID_VALUE, "loss_scale: must be finite and > 0");
 }
 
@@ -362,6 +367,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   acc_current_ = 0;
   steps_accumulated_ = counters[ZF_COUNTER_STEPS_ACCUMULATED];
   update_pending_ = counters[ZF_COUNTER_UPDATE_PENDING] != 0;
+  hysteresis_count_ = counters[ZF_COUNTER_HYSTERESIS];
   next_slot_ = 0;
   sticky_ = false;
   sticky_message_.clear();

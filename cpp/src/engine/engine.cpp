@@ -12,6 +12,7 @@
 #include "common/float_convert.hpp"
 #include "common/matrix_view.hpp"
 #include "common/tensor.hpp"
+#include "engine/config_table.hpp"
 #include "engine/host_backend.hpp"
 
 namespace zf {
@@ -23,54 +24,8 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 
 bool finite_at_least(double value, double low) { return std::isfinite(value) && value >= low; }
 
-void check_config(const zf_engine_config& c) {
-  require(std::isfinite(c.topk_ratio) && c.topk_ratio >= 0.0 && c.topk_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
-          "config.topk_ratio: must be in [0, 1], got ", c.topk_ratio);
-  // Enum fields are read as the int a C caller stored (raw_enum_value): loading an
-  // out-of-range value through the C++ enum type would itself be undefined.
-  const int strategy = raw_enum_value(c.select_strategy);
-  require(strategy == ZF_SELECT_AUTO || strategy == ZF_SELECT_STEP || strategy == ZF_SELECT_EPOCH,
-          ZF_ERROR_INVALID_VALUE, "config.select_strategy: unknown value ", strategy);
-  require(c.select_interval >= 0, ZF_ERROR_INVALID_VALUE, "config.select_interval: must be >= 0 (0 = auto)");
-  require(c.steps_per_epoch >= 0, ZF_ERROR_INVALID_VALUE, "config.steps_per_epoch: must be >= 0");
-  require(c.select_strategy != ZF_SELECT_EPOCH || c.steps_per_epoch > 0, ZF_ERROR_INVALID_VALUE,
-          "config.steps_per_epoch: select_strategy \"epoch\" needs steps_per_epoch > 0");
-  require(c.update_interval >= 0, ZF_ERROR_INVALID_VALUE, "config.update_interval: must be >= 0 (0 = auto)");
-  require(c.full_warm_up_rounds >= 0, ZF_ERROR_INVALID_VALUE, "config.full_warm_up_rounds: must be >= 0");
-  require(std::isfinite(c.auto_ratio) && c.auto_ratio > 0.0 && c.auto_ratio <= 1.0, ZF_ERROR_INVALID_VALUE,
-          "config.auto_ratio: must be in (0, 1], got ", c.auto_ratio);
-  require(std::isfinite(c.pt_reserved_cores_perc) && c.pt_reserved_cores_perc >= 0.0 && c.pt_reserved_cores_perc <= 1.0,
-          ZF_ERROR_INVALID_VALUE, "config.pt_reserved_cores_perc: must be in [0, 1], got ", c.pt_reserved_cores_perc);
-  require(c.max_update_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.max_update_interval: must be >= 1");
-  const int master = raw_enum_value(c.master_weights), score = raw_enum_value(c.selection_score);
-  require(master == ZF_MASTER_FP32 || master == ZF_MASTER_NONE, ZF_ERROR_INVALID_VALUE,
-          "config.master_weights: unknown value ", master);
-  require(score == ZF_SCORE_STEP || score == ZF_SCORE_WINDOW, ZF_ERROR_INVALID_VALUE,
-          "config.selection_score: unknown value ", score);
-  require(!std::isnan(c.max_grad_norm) && c.max_grad_norm < INFINITY, ZF_ERROR_INVALID_VALUE,
-          "config.max_grad_norm: must be finite (<= 0 for none)");
-  const int scaling = raw_enum_value(c.loss_scaling);
-  require(scaling == ZF_LOSS_SCALING_NONE || scaling == ZF_LOSS_SCALING_DYNAMIC, ZF_ERROR_INVALID_VALUE,
-          "config.loss_scaling: unknown value ", scaling);
-  require(std::isfinite(c.initial_scale) && c.initial_scale > 0.0, ZF_ERROR_INVALID_VALUE,
-          "config.initial_scale: must be finite and > 0");
-  require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, ZF_ERROR_INVALID_VALUE,
-          "config.growth_factor: must be > 1");
-  require(std::isfinite(c.backoff_factor) && c.backoff_factor > 0.0 && c.backoff_factor < 1.0, ZF_ERROR_INVALID_VALUE,
-          "config.backoff_factor: must be in (0, 1)");
-  require(c.growth_interval >= 1, ZF_ERROR_INVALID_VALUE, "config.growth_interval: must be >= 1");
-  require(c.bucket_bytes >= 1, ZF_ERROR_INVALID_VALUE, "config.bucket_bytes: must be >= 1");
-  require(c.staging_slots >= 1, ZF_ERROR_INVALID_VALUE, "config.staging_slots: must be >= 1");
-  const int max_threads = std::max(64, 4 * host_cpu_count());
-  require(c.compute_threads >= 0 && c.compute_threads <= max_threads, ZF_ERROR_INVALID_VALUE,
-          "config.compute_threads: must be in [0, ", max_threads, "] (0 = auto)");
-  require(c.host_threads >= 0 && c.host_threads <= max_threads, ZF_ERROR_INVALID_VALUE,
-          "config.host_threads: must be in [0, ", max_threads, "] (0 = auto)");
-  require(c.ranks_per_host >= 0 && c.ranks_per_host <= 65536, ZF_ERROR_INVALID_VALUE,
-          "config.ranks_per_host: must be in [1, 65536] (0 counts as 1), got ", c.ranks_per_host);
-  zf_adam_hparams h{c.beta1, c.beta2, c.eps, ZF_ADAM_MODE_ADAMW};
-  check_adam_hparams(&h);
-}
+// Every field's rules live in the configuration table (config_table.cpp).
+void check_config(const zf_engine_config& c) { check_config_table(c); }
 
 ScheduleConfig schedule_config(const zf_engine_config& c) {
   ScheduleConfig s;

@@ -448,6 +448,7 @@ class Engine {
   // loss scaling and faults
   double loss_scale_ = 1.0;
   int64_t growth_tracker_ = 0;
+  int64_t hysteresis_count_ = 0;  // overflows the hysteresis absorbed (ZF_COUNTER_HYSTERESIS)
   bool sticky_ = false;
   zf_status sticky_status_ = ZF_SUCCESS;
   std::string sticky_message_;

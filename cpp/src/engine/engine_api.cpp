@@ -10,6 +10,7 @@
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "common/thread_pool.hpp"
+#include "engine/config_table.hpp"
 #include "engine/engine_group.hpp"
 
 struct zf_engine {
@@ -90,35 +91,13 @@ void require_out(T* out, const char* name) {
 
 extern "C" {
 
-ZF_API zf_engine_config zf_engine_config_default(void) {
-  zf_engine_config c{};
-  c.topk_ratio = 0.1;
-  c.select_strategy = ZF_SELECT_AUTO;
-  c.select_interval = 0;
-  c.steps_per_epoch = 0;
-  c.update_interval = 4;
-  c.full_warm_up_rounds = 0;
-  c.overlap_step = 1;
-  c.auto_ratio = 0.99;
-  c.pt_reserved_cores_perc = 0.5;
-  c.max_update_interval = 16;
-  c.master_weights = ZF_MASTER_FP32;
-  c.selection_score = ZF_SCORE_STEP;
-  c.max_grad_norm = 0.0;
-  c.beta1 = 0.9;
-  c.beta2 = 0.999;
-  c.eps = 1e-8;
-  c.loss_scaling = ZF_LOSS_SCALING_NONE;
-  c.initial_scale = 65536.0;
-  c.growth_factor = 2.0;
-  c.backoff_factor = 0.5;
-  c.growth_interval = 2000;
-  c.bucket_bytes = size_t{64} << 20;
-  c.staging_slots = 4;
-  c.compute_threads = 0;
-  c.host_threads = 0;
-  c.ranks_per_host = 1;
-  return c;
+ZF_API zf_engine_config zf_engine_config_default(void) { return zf::config_defaults(); }
+
+ZF_API zf_status zf_engine_config_check(const zf_engine_config* config) {
+  return zf::api_call([&] {
+    zf::require(config != nullptr, ZF_ERROR_INVALID_VALUE, "config: NULL");
+    zf::validate_config(*config);
+  });
 }
 
 ZF_API zf_status zf_engine_thread_plan_for(const zf_engine_config* config, zf_engine_thread_plan* plan) {

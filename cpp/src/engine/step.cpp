@@ -432,11 +432,20 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     if (s.nonfinite) {
       if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC) {
         ++skipped_steps_;  // an overflow is part of the run; without loss scaling it is bad input
+        growth_tracker_ = 0;
+        // DeepSpeed's hysteresis: the first hysteresis - 1 overflows (since the scale last grew,
+        // or in a row with consecutive_hysteresis) are skipped at the same scale; from the
+        // hysteresis-th on, every overflow backs off until a refill.
+        if (hysteresis_count_ + 1 < config_.hysteresis) {
+          ++hysteresis_count_;
+          return false;
+        }
         // Kept within fp32's normal range, as torch keeps its fp32 scale: the gradient scale,
         // an fp32, is its inverse (a run that overflowed a few hundred steps in a row would
-        // otherwise reach an infinite gradient scale, and then 0 * inf).
-        loss_scale_ = std::max(loss_scale_ * config_.backoff_factor, double{std::numeric_limits<float>::min()});
-        growth_tracker_ = 0;
+        // otherwise reach an infinite gradient scale, and then 0 * inf). min_loss_scale is
+        // DeepSpeed's floor.
+        const double floor = std::max(config_.min_loss_scale, double{std::numeric_limits<float>::min()});
+        loss_scale_ = std::max(loss_scale_ * config_.backoff_factor, floor);
         return false;
       }
       if (parallel())
@@ -449,12 +458,15 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
   } else {
     record_scalars_for_later();
   }
+  if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC && config_.consecutive_hysteresis != 0)
+    hysteresis_count_ = 0;  // a good step refills the hysteresis
   if (config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC && ++growth_tracker_ >= config_.growth_interval) {
     // Takes effect from the next step, as GradScaler.update(), which also keeps the old scale
     // when the grown one is not a finite fp32 (a run whose gradients never overflow: zeros).
     const double grown = loss_scale_ * config_.growth_factor;
     if (grown <= double{std::numeric_limits<float>::max()}) loss_scale_ = grown;
     growth_tracker_ = 0;
+    hysteresis_count_ = 0;  // growth refills the hysteresis (DeepSpeed's rule)
   }
   step_lrs_.resize(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) step_lrs_[g] = lrs ? lrs[g] : groups_[g].lr;

@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,109 +47,181 @@ bool flag(py::handle value, const std::string& name) {
   return py::bool_(py::reinterpret_borrow<py::object>(value)).cast<bool>();
 }
 
-// "auto" -> 0 (the C ABI's "auto"), else a positive integer.
-int64_t integer_or_auto(py::handle value, const std::string& name) {
-  if (py::isinstance<py::str>(value)) {
-    if (value.cast<std::string>() == "auto") return 0;
-    throw py::value_error(name + ": expected an integer or \"auto\", got '" + value.cast<std::string>() + "'");
-  }
-  const int64_t result = integer(value, name);
-  if (result <= 0) throw py::value_error(name + ": must be > 0 or \"auto\", got " + std::to_string(result));
-  return result;
+std::string type_name(py::handle value) { return py::str(py::type::of(value).attr("__name__")); }
+
+// The configuration table (engine.h: zf_engine_config_key), read once.
+const std::vector<zf_engine_config_key>& config_keys() {
+  static const std::vector<zf_engine_config_key> keys = [] {
+    std::vector<zf_engine_config_key> out(zf_engine_config_key_count());
+    for (size_t i = 0; i < out.size(); ++i) check(zf_engine_config_key_at(i, &out[i]));
+    return out;
+  }();
+  return keys;
 }
 
-template <typename Enum>
-Enum choice(py::handle value, const std::string& name, std::initializer_list<std::pair<const char*, Enum>> options) {
-  std::string valid;
-  if (py::isinstance<py::str>(value)) {
-    const std::string text = value.cast<std::string>();
-    for (const auto& option : options) {
-      if (text == option.first) return option.second;
+std::vector<std::string> choice_names(const zf_engine_config_key& k) {
+  std::vector<std::string> out;
+  std::string rest = k.choices;
+  for (size_t comma; (comma = rest.find(',')) != std::string::npos; rest = rest.substr(comma + 1))
+    out.push_back(rest.substr(0, comma));
+  out.push_back(rest);
+  return out;
+}
+
+// Field access through the table's offsets (the table says each field's type and size).
+char* field(zf_engine_config& c, const zf_engine_config_key& k) { return reinterpret_cast<char*>(&c) + k.offset; }
+
+void write_field(zf_engine_config& c, const zf_engine_config_key& k, double real, int64_t whole) {
+  if (k.type == ZF_CONFIG_FLOAT) {
+    std::memcpy(field(c, k), &real, sizeof real);
+  } else if (k.size == sizeof(int32_t)) {
+    const auto v = static_cast<int32_t>(whole);
+    std::memcpy(field(c, k), &v, sizeof v);
+  } else {
+    std::memcpy(field(c, k), &whole, sizeof whole);
+  }
+}
+
+// A Python value into field k; the range is the engine's to check (zf_engine_config_check).
+// A field whose 0 stands for a word takes the word ("auto"; None for "none"), so a plain 0 is
+// refused here: in Python the word says it.
+void parse_key(zf_engine_config& c, const zf_engine_config_key& k, py::handle value, const std::string& name) {
+  const std::string zero = k.zero_means;
+  const bool takes_word = zero == "auto" || zero == "none";
+  if (takes_word &&
+      ((zero == "none" && value.is_none()) || (py::isinstance<py::str>(value) && value.cast<std::string>() == zero))) {
+    return write_field(c, k, 0.0, 0);
+  }
+  const std::string word = zero == "none" ? "None" : "\"" + zero + "\"";
+  switch (k.type) {
+    case ZF_CONFIG_FLOAT: {
+      if (PyBool_Check(value.ptr()) || !PyNumber_Check(value.ptr()) || py::isinstance<py::str>(value)) {
+        throw py::type_error(name + ": expected a number" + (takes_word ? " or " + word : "") + ", got " +
+                             type_name(value));
+      }
+      const double v = number(value, name);
+      if (takes_word && v == 0.0)
+        throw py::value_error(name + ": must be " + k.range_text + ", got 0 (" + zero + " is written " + word + ")");
+      return write_field(c, k, v, 0);
+    }
+    case ZF_CONFIG_INT: {
+      if (py::isinstance<py::str>(value)) {
+        throw py::value_error(name + ": expected an integer" + (takes_word ? " or " + word : "") + ", got " +
+                              std::string(py::repr(value)));
+      }
+      const int64_t v = integer(value, name);
+      if (takes_word && v == 0)
+        throw py::value_error(name + ": must be " + k.range_text + ", got 0 (" + zero + " is written " + word + ")");
+      if (k.size == sizeof(int32_t) && (v < INT32_MIN || v > INT32_MAX))  // would not fit the field
+        throw py::value_error(name + ": must be " + k.range_text + ", got " + std::to_string(v));
+      return write_field(c, k, 0.0, v);
+    }
+    case ZF_CONFIG_BOOL:
+      if (!PyBool_Check(value.ptr())) throw py::type_error(name + ": expected a bool, got " + type_name(value));
+      return write_field(c, k, 0.0, value.ptr() == Py_True ? 1 : 0);
+    case ZF_CONFIG_CHOICE: {
+      const std::vector<std::string> names = choice_names(k);
+      if (value.is_none() && names[0] == "none") return write_field(c, k, 0.0, 0);  // loss_scaling None
+      if (!py::isinstance<py::str>(value)) throw py::type_error(name + ": expected a string, got " + type_name(value));
+      {
+        const std::string text = value.cast<std::string>();
+        for (size_t i = 0; i < names.size(); ++i)
+          if (text == names[i]) return write_field(c, k, 0.0, static_cast<int64_t>(i));
+      }
+      std::string valid;
+      for (const std::string& n : names) valid += (valid.empty() ? "\"" : ", \"") + n + "\"";
+      throw py::value_error(name + ": expected one of " + valid + ", got " + std::string(py::repr(value)));
     }
   }
-  for (const auto& option : options) valid += std::string(valid.empty() ? "" : ", ") + "\"" + option.first + "\"";
-  throw py::value_error(name + ": expected one of " + valid + ", got " + std::string(py::repr(value)));
 }
 
-zf_engine_config parse_config(const py::dict& config) {
+// Field k of c as Python: the zero word (None for "none"), a bool, a choice's name, a number.
+py::object key_value(const zf_engine_config& c, const zf_engine_config_key& k) {
+  const char* p = reinterpret_cast<const char*>(&c) + k.offset;
+  double real = 0.0;
+  int64_t whole = 0;
+  if (k.type == ZF_CONFIG_FLOAT) {
+    std::memcpy(&real, p, sizeof real);
+  } else if (k.size == sizeof(int32_t)) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    whole = v;
+  } else {
+    std::memcpy(&whole, p, sizeof whole);
+  }
+  const std::string zero = k.zero_means;
+  if ((zero == "auto" || zero == "none") && real == 0.0 && whole == 0)
+    return zero == "none" ? py::none() : py::object(py::str(zero));
+  switch (k.type) {
+    case ZF_CONFIG_FLOAT:
+      return py::float_(real);
+    case ZF_CONFIG_BOOL:
+      return py::bool_(whole != 0);
+    case ZF_CONFIG_CHOICE:
+      return py::str(choice_names(k).at(static_cast<size_t>(whole)));
+    default:
+      return py::int_(whole);
+  }
+}
+
+// A config dict (engine field names; "betas" sets beta1 and beta2) over the defaults. Unknown
+// keys and wrong types raise here, naming the key; then the engine checks every range.
+zf_engine_config parse_config(const py::dict& config, bool deepspeed_rules = false) {
   zf_engine_config c = zf_engine_config_default();
   for (const auto& item : config) {
     if (!py::isinstance<py::str>(item.first)) throw py::type_error("config: keys must be strings");
     const std::string key = item.first.cast<std::string>();
-    const py::handle value = item.second;
     const std::string name = "config[\"" + key + "\"]";
-    if (key == "topk_ratio") {
-      c.topk_ratio = number(value, name);
-    } else if (key == "select_strategy") {
-      c.select_strategy = choice<zf_select_strategy>(
-          value, name, {{"auto", ZF_SELECT_AUTO}, {"step", ZF_SELECT_STEP}, {"epoch", ZF_SELECT_EPOCH}});
-    } else if (key == "select_interval") {
-      c.select_interval = integer_or_auto(value, name);
-    } else if (key == "steps_per_epoch") {
-      c.steps_per_epoch = value.is_none() ? 0 : integer(value, name);
-    } else if (key == "update_interval") {
-      c.update_interval = integer_or_auto(value, name);
-    } else if (key == "full_warm_up_rounds") {
-      c.full_warm_up_rounds = integer(value, name);
-    } else if (key == "overlap_step") {
-      c.overlap_step = flag(value, name) ? 1 : 0;
-    } else if (key == "auto_ratio") {
-      c.auto_ratio = number(value, name);
-    } else if (key == "pt_reserved_cores_perc") {
-      c.pt_reserved_cores_perc = number(value, name);
-    } else if (key == "max_update_interval") {
-      c.max_update_interval = integer(value, name);
-    } else if (key == "master_weights") {
-      c.master_weights = choice<zf_master_weights>(value, name, {{"fp32", ZF_MASTER_FP32}, {"none", ZF_MASTER_NONE}});
-    } else if (key == "selection_score") {
-      c.selection_score =
-          choice<zf_selection_score>(value, name, {{"step", ZF_SCORE_STEP}, {"window", ZF_SCORE_WINDOW}});
-    } else if (key == "max_grad_norm") {
-      if (value.is_none()) {
-        c.max_grad_norm = 0.0;
-      } else {
-        c.max_grad_norm = number(value, name);
-        if (!(c.max_grad_norm > 0.0)) throw py::value_error(name + ": must be > 0 or None");
-      }
-    } else if (key == "betas") {
-      const py::sequence betas = py::reinterpret_borrow<py::sequence>(value);
-      if (!py::isinstance<py::sequence>(value) || py::len(betas) != 2) {
+    if (key == "betas") {
+      if (!py::isinstance<py::sequence>(item.second) || py::isinstance<py::str>(item.second) ||
+          py::len(item.second) != 2) {
         throw py::value_error(name + ": expected a pair (beta1, beta2)");
       }
+      const py::sequence betas = py::reinterpret_borrow<py::sequence>(item.second);
       c.beta1 = number(betas[0], name + "[0]");
       c.beta2 = number(betas[1], name + "[1]");
-    } else if (key == "eps") {
-      c.eps = number(value, name);
-    } else if (key == "loss_scaling") {
-      c.loss_scaling = value.is_none()
-                           ? ZF_LOSS_SCALING_NONE
-                           : choice<zf_loss_scaling>(
-                                 value, name, {{"none", ZF_LOSS_SCALING_NONE}, {"dynamic", ZF_LOSS_SCALING_DYNAMIC}});
-    } else if (key == "initial_scale") {
-      c.initial_scale = number(value, name);
-    } else if (key == "growth_factor") {
-      c.growth_factor = number(value, name);
-    } else if (key == "backoff_factor") {
-      c.backoff_factor = number(value, name);
-    } else if (key == "growth_interval") {
-      c.growth_interval = integer(value, name);
-    } else if (key == "bucket_bytes") {
-      const int64_t bytes = integer(value, name);
-      if (bytes <= 0) throw py::value_error(name + ": must be > 0");
-      c.bucket_bytes = static_cast<size_t>(bytes);
-    } else if (key == "staging_slots") {
-      c.staging_slots = static_cast<int32_t>(integer(value, name));
-    } else if (key == "compute_threads") {
-      c.compute_threads = static_cast<int32_t>(integer(value, name));
-    } else if (key == "host_threads") {
-      c.host_threads = static_cast<int32_t>(integer(value, name));
-    } else if (key == "ranks_per_host") {
-      c.ranks_per_host = static_cast<int32_t>(integer(value, name));
-    } else {
-      throw py::value_error("config: unknown key \"" + key + "\"");
+      continue;
     }
+    const zf_engine_config_key* found = nullptr;
+    for (const zf_engine_config_key& k : config_keys())
+      if (key == k.name) found = &k;
+    if (found == nullptr) throw py::value_error("config: unknown key \"" + key + "\"");
+    parse_key(c, *found, item.second, name);
   }
+  check(deepspeed_rules ? zf_engine_config_check_deepspeed(&c) : zf_engine_config_check(&c));
   return c;
+}
+
+py::dict config_dict(const zf_engine_config& c) {
+  py::dict out;
+  for (const zf_engine_config_key& k : config_keys()) out[k.name] = key_value(c, k);
+  return out;
+}
+
+py::list describe_keys() {
+  static const char* kTypes[] = {"float", "int", "bool", "choice"};
+  const zf_engine_config defaults = zf_engine_config_default();
+  py::list out;
+  for (const zf_engine_config_key& k : config_keys()) {
+    py::dict d;
+    d["name"] = k.name;
+    d["type"] = kTypes[k.type];
+    d["default"] = key_value(defaults, k);
+    d["minimum"] = k.minimum;
+    d["maximum"] = k.maximum;
+    d["minimum_open"] = k.minimum_open != 0;
+    d["maximum_open"] = k.maximum_open != 0;
+    d["zero_means"] = k.zero_means;
+    d["choices"] = k.type == ZF_CONFIG_CHOICE ? py::cast(choice_names(k)) : py::list();
+    d["default_text"] = k.default_text;
+    d["range_text"] = k.range_text;
+    d["meaning"] = k.meaning;
+    d["deepspeed_key"] = k.deepspeed_key;
+    d["deepspeed_default"] = k.deepspeed_default;
+    d["deepspeed_difference"] = k.deepspeed_difference;
+    out.append(d);
+  }
+  return out;
 }
 
 // Data parallel: the Python callables behind the engine's collectives (engine.h:
@@ -673,6 +747,7 @@ class PyEngine {
     py::dict scaler;
     scaler["scale"] = scale;
     scaler["growth_tracker"] = counters[ZF_COUNTER_GROWTH_TRACKER];
+    scaler["hysteresis"] = counters[ZF_COUNTER_HYSTERESIS];
     py::dict out;
     out["params"] = per_param;
     out["schedule"] = schedule;
@@ -737,6 +812,9 @@ class PyEngine {
     }
     counters[ZF_COUNTER_GROWTH_TRACKER] =
         integer(scaler["growth_tracker"], "state[\"loss_scaler\"][\"growth_tracker\"]");
+    // Absent from a state saved before the counter existed: no overflow absorbed.
+    if (scaler.contains("hysteresis"))
+      counters[ZF_COUNTER_HYSTERESIS] = integer(scaler["hysteresis"], "state[\"loss_scaler\"][\"hysteresis\"]");
     const double scale = number(scaler["scale"], "state[\"loss_scaler\"][\"scale\"]");
     call([&] { return zf_engine_load_state(engine, tensors.data(), tensors.size(), counters.data(), scale); });
   }
@@ -825,6 +903,18 @@ class PyEngine {
 }  // namespace
 
 void register_engine(py::module_& m) {
+  m.def("config_keys", &describe_keys,
+        "The engine's configuration table (engine.h: zf_engine_config_key_at), one dict per field: name, type, "
+        "default (as Python: None / \"auto\" for a zero sentinel), range, zero_means, choices, meaning, "
+        "deepspeed_key, deepspeed_default (a JSON literal), deepspeed_difference.");
+  m.def(
+      "check_config",
+      [](const py::dict& config, bool deepspeed_rules) { return config_dict(parse_config(config, deepspeed_rules)); },
+      py::arg("config"), py::arg("deepspeed_rules") = false,
+      "Parses and checks a config dict as Engine() does (zf_engine_config_check; with deepspeed_rules, "
+      "zf_engine_config_check_deepspeed) and returns every field's value "
+      "(defaults filled in). Unknown key: ValueError; wrong type: TypeError; out of range: the engine's "
+      "ValueError; each names the key.");
   m.def(
       "engine_thread_plan",
       [](const py::object& config) {
