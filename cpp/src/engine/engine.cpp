@@ -25,7 +25,11 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 bool finite_at_least(double value, double low) { return std::isfinite(value) && value >= low; }
 
 // Every field's rules live in the configuration table (config_table.cpp).
-void check_config(const zf_engine_config& c) { check_config_table(c); }
+// Checked before any member reads it: an enum field may hold a value outside its type.
+const zf_engine_config& checked_config(const zf_engine_config& c) {
+  check_config_table(c);
+  return c;
+}
 
 ScheduleConfig schedule_config(const zf_engine_config& c) {
   ScheduleConfig s;
@@ -64,7 +68,7 @@ bool runs_synchronously(const zf_engine_config& c) {
 
 }  // namespace
 
-void validate_config(const zf_engine_config& config) { check_config(config); }
+void validate_config(const zf_engine_config& config) { check_config_table(config); }
 
 zf_engine_thread_plan thread_plan(const zf_engine_config& config) {
   // This rank's cores: a launcher that pins each rank already split the host (the affinity is
@@ -98,8 +102,7 @@ void automatic_thread_counts(const zf_engine_config& config, int* compute_thread
 
 Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t param_count, const zf_engine_group* groups,
                size_t group_count, const zf_engine_config& config, EnginePart part)
-    : config_(config), part_(std::move(part)), schedule_(schedule_config(config)) {
-  check_config(config);
+    : config_(checked_config(config)), part_(std::move(part)), schedule_(schedule_config(config_)) {
   hparams_ = zf_adam_hparams{config.beta1, config.beta2, config.eps, ZF_ADAM_MODE_ADAMW};
   require(param_count == 0 || (params != nullptr && param_groups != nullptr), ZF_ERROR_INVALID_VALUE,
           "params, param_groups: NULL with param_count ", param_count);

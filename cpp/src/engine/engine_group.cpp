@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "common/tensor.hpp"
+#include "engine/config_table.hpp"
 
 namespace zf {
 namespace {
@@ -70,6 +71,7 @@ EngineGroup::EngineGroup(const zf_tensor* params, const int32_t* param_groups, s
                          const zf_engine_group* groups, size_t group_count, const zf_engine_config& config,
                          const std::vector<size_t>* parts_for_testing)
     : param_count_(param_count) {
+  check_config_table(config);  // before the thread plan reads it
   for (size_t i = 0; params != nullptr && i < param_count; ++i) param_data_.push_back(params[i].data);
   std::vector<size_t> parts = parts_for_testing != nullptr ? *parts_for_testing : parts_by_device(params, param_count);
   if (parts.empty()) {
