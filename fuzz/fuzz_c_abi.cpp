@@ -214,6 +214,7 @@ void fuzz_engine(Input& in, Arena& arena) {
     config.beta1 = in.real();
     config.initial_scale = in.real();
     config.max_update_interval = static_cast<int64_t>(in.byte() % 4) - 1;
+    config.update_lag = static_cast<int64_t>(in.byte() % 4) - 1;
   }
   zf_engine* engine = nullptr;
   if (zf_engine_create(param_count ? params.data() : nullptr, param_count ? param_groups.data() : nullptr, param_count,

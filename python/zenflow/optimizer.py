@@ -253,6 +253,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, torch.optim.Optimizer):
         hysteresis: int = ENGINE_DEFAULTS["hysteresis"],
         consecutive_hysteresis: bool = ENGINE_DEFAULTS["consecutive_hysteresis"],
         min_loss_scale: float | None = ENGINE_DEFAULTS["min_loss_scale"],
+        update_lag: int | str = ENGINE_DEFAULTS["update_lag"],
         limit_torch_threads: bool = True,
         process_group: Any = None,
     ):

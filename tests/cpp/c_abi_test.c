@@ -1023,6 +1023,7 @@ static void check_engine_config_table(void) {
   /* The documented defaults (engine.h), independent of the table that produces them. */
   EXPECT(d.topk_ratio == 0.1 && d.select_strategy == ZF_SELECT_AUTO && d.select_interval == 0);
   EXPECT(d.steps_per_epoch == 0 && d.update_interval == 4 && d.full_warm_up_rounds == 0 && d.overlap_step == 1);
+  EXPECT(d.update_lag == 1);
   EXPECT(d.auto_ratio == 0.99 && d.pt_reserved_cores_perc == 0.5 && d.max_update_interval == 16);
   EXPECT(d.master_weights == ZF_MASTER_FP32 && d.selection_score == ZF_SCORE_STEP && d.max_grad_norm == 0.0);
   EXPECT(d.beta1 == 0.9 && d.beta2 == 0.999 && d.eps == 1e-8 && d.loss_scaling == ZF_LOSS_SCALING_NONE);
@@ -1064,7 +1065,7 @@ static void check_engine_config_table(void) {
     EXPECT(engine == sentinel);
   }
   /* every field has its entry (the sizes add up to the fields' bytes: padding aside) */
-  EXPECT(count == 29 && covered <= sizeof(zf_engine_config) && covered + 32 >= sizeof(zf_engine_config));
+  EXPECT(count == 30 && covered <= sizeof(zf_engine_config) && covered + 32 >= sizeof(zf_engine_config));
   /* the rules between fields: "auto" takes no interval; DeepSpeed's rules on top */
   f.config.select_interval = 4;
   EXPECT_ERROR(zf_engine_config_check(&f.config), ZF_ERROR_INVALID_VALUE, "config.select_interval");

@@ -43,6 +43,34 @@ INSTANTIATE_TEST_SUITE_P(Sweep, EngineVsReference,
                          ::testing::Combine(::testing::Values(0.0, 0.3, 1.0), ::testing::Values<int64_t>(1, 3),
                                             ::testing::Bool(), ::testing::Values<int64_t>(0, 2)));
 
+// update_lag: the previous window's result lands after the lag-th step of the next window
+// (a lag no shorter than the window: at its close).
+class EngineUpdateLag : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(EngineUpdateLag, WeightsAfterEveryStep) {
+  RefConfig rc;
+  rc.topk_ratio = 0.3;
+  rc.update_interval = 4;
+  rc.update_lag = GetParam();
+  rc.select_interval = 8;
+  rc.max_grad_norm = 6.0;
+  Model model = standard_model();
+  Reference ref(model, rc);
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, engine_config(rc));
+  for (int64_t t = 1; t <= 15; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t, true, 3);
+    const std::vector<double> lrs = step_lrs(model, t);
+    engine.step(tensors_of(grads), lrs);
+    ref.step(grads, lrs);
+    ASSERT_LE(worst_error(model, ref, 2e-6, 2e-5), 1.0) << "step " << t;
+  }
+  engine.flush();
+  ref.flush();
+  EXPECT_LE(worst_error(model, ref, 2e-6, 2e-5), 1.0) << "after flush";
+}
+
+INSTANTIATE_TEST_SUITE_P(Lags, EngineUpdateLag, ::testing::Values<int64_t>(0, 1, 3, 4, 9));
+
 TEST(Engine, Bf16WithFp32MasterFollowsTheReference) {
   RefConfig rc;
   rc.topk_ratio = 0.3;
@@ -262,7 +290,7 @@ TEST(EngineHyperparameters, BadValuesAreRefusedNamedAndChangeNothing) {
 // One matrix, every column deferred. The reference states after j windows are computed
 // with overlap off (each window applied at once); the engine's weights after step t must
 // be the state after exactly expected(t) windows.
-void check_staleness(bool overlap) {
+void check_staleness(bool overlap, int64_t lag = 0) {
   Model model;
   model.groups = {zf_engine_group{0.05, 0.0, 0}};
   model.params.emplace_back(ZF_DTYPE_F32, std::vector<int64_t>{3, 4});
@@ -287,15 +315,18 @@ void check_staleness(bool overlap) {
   c.topk_ratio = 0.0;
   c.update_interval = S;
   c.overlap_step = overlap ? 1 : 0;
+  c.update_lag = lag;
   zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
   for (int64_t t = 1; t <= steps; ++t) {
     std::vector<HostTensor> grads = make_grads(model, t);
     engine.step(tensors_of(grads), {0.05});
     // Windows closed so far: t / S. Overlap off: all of them are applied. Overlap on: the
     // last one is still in flight (applied at the next close), so during window w + 2 the
-    // weights hold every gradient up to the end of window w.
+    // weights hold every gradient up to the end of window w; with update_lag L < S it lands
+    // after the L-th step of the next window.
     const int64_t closed = t / S;
-    const int64_t applied = overlap ? std::max<int64_t>(0, closed - 1) : closed;
+    const bool landed = lag > 0 && lag < S && t % S >= lag;
+    const int64_t applied = overlap && !landed ? std::max<int64_t>(0, closed - 1) : closed;
     const std::vector<double> got = model.params[0].values();
     for (size_t j = 0; j < states.size(); ++j) {
       bool equal = true;
@@ -305,7 +336,9 @@ void check_staleness(bool overlap) {
   }
 }
 
-TEST(EngineStaleness, OverlapOnDefersEachWindowByOneWindow) { check_staleness(true); }
+TEST(EngineStaleness, OverlapOnDefersEachWindowByOneWindow) { check_staleness(true, 0); }
+TEST(EngineStaleness, UpdateLagOneLandsOneStepIntoTheNextWindow) { check_staleness(true, 1); }
+TEST(EngineStaleness, UpdateLagAsLongAsTheWindowLandsAtItsClose) { check_staleness(true, 2); }
 TEST(EngineStaleness, OverlapOffAppliesEachWindowAtItsClose) { check_staleness(false); }
 
 // ---- clipping and loss scaling ----

@@ -29,8 +29,8 @@ TEST(EngineConfig, DefaultsPassTheirOwnChecksAndEveryKeyIsListed) {
   EXPECT_EQ(zf_engine_config_check_deepspeed(&d), ZF_SUCCESS);
   zf_engine_config_key k{};
   ASSERT_EQ(zf_engine_config_key_at(zf_engine_config_key_count() - 1, &k), ZF_SUCCESS);
-  EXPECT_STREQ(k.name, "min_loss_scale");  // the last field of the struct
-  EXPECT_EQ(k.offset + k.size, offsetof(zf_engine_config, min_loss_scale) + sizeof(double));
+  EXPECT_STREQ(k.name, "update_lag");  // the last field of the struct
+  EXPECT_EQ(k.offset + k.size, offsetof(zf_engine_config, update_lag) + sizeof(int64_t));
 }
 
 }  // namespace

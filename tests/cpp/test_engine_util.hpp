@@ -135,6 +135,7 @@ struct RefConfig {
   double topk_ratio = 0.1;
   int64_t update_interval = 4;
   bool overlap = true;
+  int64_t update_lag = 0;  // 0: an overlapped result lands at the next close
   int64_t warm_up = 0;
   int64_t select_interval = 0;  // strategy "step"; 0: select once
   double max_grad_norm = 0.0;
@@ -215,6 +216,8 @@ class Reference {
         host_update();
         upload();
       }
+    } else if (config_.overlap && config_.update_lag > 0 && window_steps_ == config_.update_lag) {
+      upload();  // the previous window's result, update_lag steps into this one
     }
   }
 
@@ -320,6 +323,7 @@ inline zf_engine_config engine_config(const RefConfig& r) {
   c.topk_ratio = r.topk_ratio;
   c.update_interval = r.update_interval;
   c.overlap_step = r.overlap ? 1 : 0;
+  c.update_lag = r.update_lag;
   c.full_warm_up_rounds = r.warm_up;
   c.select_strategy = ZF_SELECT_STEP;
   c.select_interval = r.select_interval;

@@ -14,7 +14,8 @@ What it models, step by step (after validation and the finiteness check):
     preceded by a flush; top-k by column energy, ties to the lower index, sorted;
   * selected columns and dense parameters: AdamW every step; deferred columns: accumulated,
     one host AdamW per window with A / steps_accumulated and the last accumulated lr;
-  * overlap: a window's host result reaches the visible weights at the next window's close;
+  * overlap: a window's host result reaches the visible weights at the next window's close,
+    or with update_lag L after the L-th step of the next window (at its close if sooner);
   * flush(); dynamic loss scaling (skip everywhere, backoff, growth); a non-finite
     gradient without loss scaling raises ValueError and changes nothing;
   * counters: steps, windows, reselections, skipped_steps, bytes_down, bytes_up.
@@ -56,6 +57,7 @@ DEFAULT_CONFIG = {
     "update_interval": 4,
     "full_warm_up_rounds": 0,
     "overlap_step": True,
+    "update_lag": 1,
     "auto_ratio": 0.99,
     "pt_reserved_cores_perc": 0.5,
     "max_update_interval": 16,
@@ -397,6 +399,14 @@ class ReferenceZenFlow:
 
         if self._window_closes():
             self._close_window()
+        elif (
+            self.config["overlap_step"]
+            and self.pending is not None
+            and self.config["update_lag"] != "window"
+            and self.steps_in_window == self.config["update_lag"]
+        ):
+            self._write(self.pending)  # update_lag steps into the next window
+            self.pending = None
 
     def _window_closes(self) -> bool:
         cfg = self.config

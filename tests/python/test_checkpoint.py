@@ -126,6 +126,12 @@ CASES = [
         id="bf16-reselect",
     ),
     pytest.param(
+        torch.float32,
+        dict(topk_ratio=0.2, update_interval=4, update_lag=2),
+        False,
+        id="fp32-lag",  # saved between a close and its landing: the landing step is restored
+    ),
+    pytest.param(
         torch.bfloat16,
         dict(topk_ratio=0.2, update_interval="auto", max_update_interval=4, max_grad_norm=0.05),
         False,
@@ -167,7 +173,7 @@ def test_a_checkpoint_changes_nothing_and_resumes_bit_for_bit(dtype, options, ov
 
 
 def test_the_state_still_loads_into_another_topk_ratio_and_from_torch_adamw():
-    options = dict(topk_ratio=0.2, update_interval=3)
+    options = dict(topk_ratio=0.2, update_interval=3, update_lag="window")
     model, opt = make(torch.float32, options, False)
     for step in range(4):  # mid-window: a pending result and accumulators in the state
         train_step(model, opt, step, torch.float32)

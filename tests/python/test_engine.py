@@ -206,6 +206,25 @@ def test_matches_reference(ratio, interval, overlap, warm_up):
     engine.close()
 
 
+@pytest.mark.parametrize("lag", [1, 2, 6])
+@pytest.mark.parametrize("interval", [3, "auto"])
+def test_update_lag_matches_reference(interval, lag):
+    # lag 6 is longer than any window: the result lands at the close, as "window"
+    config = dict(
+        topk_ratio=0.3,
+        update_interval=interval,
+        overlap_step=True,
+        update_lag=lag,
+        max_update_interval=4,
+        select_strategy="step",
+        select_interval=5,
+    )
+    engine, ref, _ = run_against_reference(config, steps=11)
+    check_state(engine, ref, 11, f"{config}")
+    check_counters(engine, ref, f"{config}, after the flush")
+    engine.close()
+
+
 @pytest.mark.parametrize("score", ["step", "window"])
 def test_reselection_mid_run_moves_columns(score):
     config = dict(

@@ -158,6 +158,7 @@ def staleness_engine(overlap):
         topk_ratio=0.25,
         update_interval=STALE_S,
         overlap_step=overlap,
+        update_lag="window",
         betas=(0.0, 0.0),
         eps=1e-8,
     )
@@ -206,6 +207,31 @@ def test_staleness_scripted(overlap):
         # The host state is never stale: it has every closed window.
         closed = STALE_S * (t // STALE_S)
         assert reflected_steps(ref.state(0)["master"]) == list(range(1, closed + 1))
+    ref.flush()
+    assert reflected_steps(ref.weights(0)) == list(range(1, STALE_STEPS + 1))
+
+
+# update_lag L: window w's update is written after the L-th step of window w + 1; an L no
+# shorter than the window is the same as the close (the default, "window").
+LAG_EXPECTED = {
+    1: {4: [1, 2, 3], 6: [1, 2, 3], 7: list(range(1, 7)), 9: list(range(1, 7))},
+    2: {4: [], 5: [1, 2, 3], 7: [1, 2, 3], 8: list(range(1, 7)), 9: list(range(1, 7))},
+    5: {t: STALENESS_EXPECTED[True][t] for t in range(1, STALE_STEPS + 1)},
+}
+
+
+@pytest.mark.parametrize("lag", sorted(LAG_EXPECTED))
+def test_update_lag_scripted(lag):
+    ref = staleness_engine(True)
+    ref.config["update_lag"] = lag
+    for t in range(1, STALE_STEPS + 1):
+        ref.step([staleness_grad(t)])
+        w = ref.weights(0)
+        if t <= 3:
+            assert reflected_steps(w) == [], f"step {t}"
+        if t in LAG_EXPECTED[lag]:
+            assert reflected_steps(w) == LAG_EXPECTED[lag][t], f"step {t}"
+        np.testing.assert_allclose(w[:, 9:], -float(t), atol=1e-5)
     ref.flush()
     assert reflected_steps(ref.weights(0)) == list(range(1, STALE_STEPS + 1))
 
@@ -546,7 +572,13 @@ def test_bytes_counters_follow_the_formula(overlap):
     the vectors never count. Deferred elements per step: 5*5 + 1*8 + 13*0 + 3*7 = 54."""
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16] + [torch.float32] * 3
     params = [p.to(d) for p, d in zip(initial_params(), dtypes)]
-    config = dict(topk_ratio=0.3, update_interval=3, full_warm_up_rounds=2, overlap_step=overlap)
+    config = dict(
+        topk_ratio=0.3,
+        update_interval=3,
+        full_warm_up_rounds=2,
+        overlap_step=overlap,
+        update_lag="window",
+    )
     ref = ReferenceZenFlow(params, GROUPS, config)
     grad_seq = gradient_sequence(7)
     for grads in grad_seq:

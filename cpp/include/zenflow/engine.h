@@ -125,6 +125,14 @@ typedef struct zf_engine_config {
   int64_t hysteresis;             /* 1, >= 1 (1: every overflow backs off, as torch's GradScaler) */
   int32_t consecutive_hysteresis; /* 0: a good step does not refill the hysteresis; 1: it does */
   double min_loss_scale;          /* 0 = none (fp32's smallest normal number); else > 0 */
+  /* overlap_step 1 (since 0.1.0, 2026-12-05): the step of the next window after which window
+   * w's host update lands in the weights. L >= 1 (default 1) = after the L-th step of window
+   * w+1 (or at its close, if it closes first): S + L steps stale at most, and the training
+   * thread waits for the host if the update has not finished by then (stats: window-close
+   * stall); 0 = at the next window's close (2S steps stale, DeepSpeed's landing). The landing
+   * step follows from the step count alone, so runs are reproducible whatever the host's
+   * speed. */
+  int64_t update_lag;
 } zf_engine_config;
 
 /*

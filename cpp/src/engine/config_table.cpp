@@ -161,6 +161,13 @@ const Row kRows[] = {
       "an overflow at the minimum: DeepSpeed raises, zenflow skips the step and keeps the minimum "
       "(stats skipped_steps counts it)"},
      0.0},
+    {{"update_lag", ZF_CONFIG_INT, ZF_FIELD(update_lag), 1, kIntMax, 0, 0, "window", "", "1", "window, or >= 1 (steps)",
+      "overlap_step: a window's host update lands after this many steps of the next window (window: at its "
+      "close); shorter is fresher, and the step waits if the host has not finished the update by then",
+      "", "",
+      "DeepSpeed lands an overlapped update at the next window's close (update_lag \"window\"); zenflow one "
+      "step into the next window, which measured closer to AdamW (benchmarks/results/2026-12-05-accuracy.md)"},
+     1},
 };
 
 #undef ZF_FIELD

@@ -40,6 +40,7 @@ ScheduleConfig schedule_config(const zf_engine_config& c) {
   s.strategy = c.select_strategy;
   s.select_interval = c.select_interval;
   s.steps_per_epoch = c.steps_per_epoch;
+  s.update_lag = c.update_lag;
   return s;
 }
 

@@ -39,6 +39,7 @@ struct ScheduleConfig {
   zf_select_strategy strategy = ZF_SELECT_AUTO;
   int64_t select_interval = 0;  // 0: auto
   int64_t steps_per_epoch = 0;
+  int64_t update_lag = 0;  // 0: an overlapped update lands at the next close
 };
 
 // One matrix's window sums for the auto rule.
@@ -63,6 +64,10 @@ class Schedule {
   // Called after the step's work: true when the window closes after this step. due and
   // counted are the auto rule's counts (ignored with a fixed interval).
   bool end_step(int64_t due_matrices, int64_t counted_matrices);
+  // After an end_step that kept the window open: true when the previous window's overlapped
+  // host update lands now (update_lag L >= 1, the window's L-th step). The rule reads only
+  // the step count, so the landing step never depends on the host's speed.
+  bool update_lands() const { return config_.update_lag > 0 && window_steps_ == config_.update_lag; }
 
   // The auto rule for one matrix (the header comment); false for a matrix not counted.
   static bool matrix_due(const MatrixEnergy& energy, int64_t steps_in_window);

@@ -522,7 +522,11 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
 }
 
 void Engine::step_close(int64_t due, int64_t counted) {
-  if (schedule_.end_step(due, counted)) close_window(step_kind_.warm_up);
+  if (schedule_.end_step(due, counted)) {
+    close_window(step_kind_.warm_up);
+  } else if (config_.overlap_step && !step_kind_.warm_up && schedule_.update_lands()) {
+    finish_update(&stall_close_);  // the previous window's result goes up update_lag steps in
+  }
 }
 
 void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {

@@ -4,6 +4,7 @@
     python -m zenflow bench optimizer  [--quick] [--json] [--device auto|cpu|cuda] [--out FILE]
     python -m zenflow bench engine     [--quick] [--json] [--out FILE]
     python -m zenflow bench overhead   [--quick] [--cpp-build-dir DIR] [--write FILE]
+    python -m zenflow bench accuracy   [--regime scratch|finetune] [--arch ...] [--steps N] ...
 
 `ops`: column statistics, top-k, pack, accumulate and the host AdamW steps against the torch
 code doing the same work; `optimizer`: CPUAdamW and ZenFlowAdamW against
@@ -179,11 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     p_eng.add_argument("--steps", type=int, default=None, help="timed steps (whole windows)")
     p_eng.add_argument("--reserved", type=float, default=None, help="pt_reserved_cores_perc")
     sub.add_parser("overhead", help="per-call overhead of the ops at 300 matrices", add_help=False)
+    sub.add_parser(
+        "accuracy", help="held-out loss against AdamW, from scratch and fine-tuning", add_help=False
+    )
     args, rest = parser.parse_known_args(argv)
     if args.benchmark == "overhead":
         from .overhead import main as overhead_main
 
         return overhead_main(rest)
+    if args.benchmark == "accuracy":
+        from .accuracy import main as accuracy_main
+
+        return accuracy_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     progress = Progress(enabled=not args.no_progress)

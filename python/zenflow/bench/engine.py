@@ -6,6 +6,7 @@ for the GPU's forward and backward) drive zenflow._C.Engine with CPU tensors. Th
 configurations run one after the other on the same gradients:
 
   * zenflow overlap:     topk_ratio 0.1, update_interval 4, overlap_step True (the defaults);
+  * the same with update_lag 2 and 1 (the result lands 2 or 1 steps into the next window);
   * zenflow sync:        the same with overlap_step False;
   * plain sync offload:  topk_ratio 0, update_interval 1, overlap_step False (ZeRO-Offload's
                          schedule: every column to the host every step, and wait for it).
@@ -41,6 +42,13 @@ STALL_KEYS = ("stall_seconds_window_close", "stall_seconds_back_pressure", "stal
 DELTA_KEYS = STALL_KEYS + ("host_update_seconds", "accumulate_seconds", "bytes_down", "bytes_up")
 CONFIGS = {
     "zenflow overlap": dict(topk_ratio=RATIO, update_interval=INTERVAL, overlap_step=True),
+    # The fresher landings (issue 28): stall-free only while the host update fits in the lag.
+    "zenflow overlap, update_lag 2": dict(
+        topk_ratio=RATIO, update_interval=INTERVAL, overlap_step=True, update_lag=2
+    ),
+    "zenflow overlap, update_lag 1": dict(
+        topk_ratio=RATIO, update_interval=INTERVAL, overlap_step=True, update_lag=1
+    ),
     "zenflow sync": dict(topk_ratio=RATIO, update_interval=INTERVAL, overlap_step=False),
     "plain sync offload": dict(topk_ratio=0.0, update_interval=1, overlap_step=False),
 }

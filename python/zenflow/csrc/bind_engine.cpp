@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,12 +83,18 @@ void write_field(zf_engine_config& c, const zf_engine_config_key& k, double real
   }
 }
 
+// A field whose 0 stands for a word ("auto", "window"; "none" is None in Python), as opposed
+// to a number ("1": ranks_per_host's 0 counts as 1).
+bool zero_is_word(const std::string& zero) {
+  return !zero.empty() && std::isalpha(static_cast<unsigned char>(zero[0]));
+}
+
 // A Python value into field k; the range is the engine's to check (zf_engine_config_check).
-// A field whose 0 stands for a word takes the word ("auto"; None for "none"), so a plain 0 is
-// refused here: in Python the word says it.
+// A field whose 0 stands for a word takes the word ("auto", "window"; None for "none"), so a
+// plain 0 is refused here: in Python the word says it.
 void parse_key(zf_engine_config& c, const zf_engine_config_key& k, py::handle value, const std::string& name) {
   const std::string zero = k.zero_means;
-  const bool takes_word = zero == "auto" || zero == "none";
+  const bool takes_word = zero_is_word(zero);
   if (takes_word &&
       ((zero == "none" && value.is_none()) || (py::isinstance<py::str>(value) && value.cast<std::string>() == zero))) {
     return write_field(c, k, 0.0, 0);
@@ -150,8 +157,7 @@ py::object key_value(const zf_engine_config& c, const zf_engine_config_key& k) {
     std::memcpy(&whole, p, sizeof whole);
   }
   const std::string zero = k.zero_means;
-  if ((zero == "auto" || zero == "none") && real == 0.0 && whole == 0)
-    return zero == "none" ? py::none() : py::object(py::str(zero));
+  if (zero_is_word(zero) && real == 0.0 && whole == 0) return zero == "none" ? py::none() : py::object(py::str(zero));
   switch (k.type) {
     case ZF_CONFIG_FLOAT:
       return py::float_(real);
