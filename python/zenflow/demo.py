@@ -781,6 +781,14 @@ def main(argv: list[str] | None = None) -> int:
             "the step-time gain needs a GPU (--device cuda). See docs/benchmarks.md, 'The demo'."
         )
         print()
+    if "zenflow" in summary["runs"] and "adamw" in summary["runs"]:
+        # What this run measured, and what it does not say: the regime.
+        print(
+            "This measured fine-tuning (a pretrained model): zenflow's held-out loss against "
+            "AdamW's is in the table. Training from scratch loses more to AdamW (the window "
+            "costs a randomly initialised model more); see the README, 'Which settings'."
+        )
+        print()
     if config.out:
         print(
             f"wrote {config.out}/table.md, results.json"

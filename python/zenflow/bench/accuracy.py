@@ -391,7 +391,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         per_seed = ", ".join(f"{100 * g:+.2f}%" for g in r["gap_per_seed"])
         out.append(
-            f"| {r['regime']} | {r['arch']} {r['size']} | {r['steps']} | {r['lr']:g} | {r['setting']} "
+            f"| {r['regime']} | {r['arch'] if r['regime'] == 'finetune' else r['arch'] + ' ' + r['size']} "
+            f"| {r['steps']} | {r['lr']:g} | {r['setting']} "
             f"| {statistics.fmean(r['adamw']):.4f} | {statistics.fmean(r['zenflow']):.4f} "
             f"| **{100 * r['gap']:+.2f}%** | {per_seed} |"
         )
