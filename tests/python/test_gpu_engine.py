@@ -226,6 +226,13 @@ def test_readiness_and_a_retaken_step_equal_the_host_engine(form):
     run_pair(dict(BASE, bucket_bytes=64), steps=9, dtype=torch.bfloat16, split=form)
 
 
+@pytest.mark.parametrize("lag", [1, 2, "window"])
+def test_update_lag_lands_where_the_host_engine_lands_it(lag):
+    """update_lag on the CUDA backend: a result landing between window closes (an upload
+    and scatter at a step that closes nothing) equals the host engine bit for bit."""
+    run_pair(dict(BASE, update_lag=lag), steps=11, dtype=torch.bfloat16)
+
+
 def test_per_step_hyperparameters_equal_the_host_engine():
     def hparams(t):
         phase = (t % 5) / 5.0
