@@ -110,9 +110,10 @@ class PyCollectives {
 
 // ---- the engine's state as Python (bind_state.cpp) ----
 
-// Flushes, then returns the engine's state as {"params": [one dict per parameter, state kind
-// name -> buffer], "schedule": {...}, "loss_scaler": {...}}; the buffers are CPU tensors when
-// the parameters are torch tensors (`torch_params`), else numpy arrays.
+// The engine's state (nothing flushed: engine.h, zf_engine_save_state) as {"params": [one
+// dict per parameter, state kind name -> buffer], "schedule": {...}, "loss_scaler": {...}};
+// the buffers are CPU torch tensors when the parameters are torch tensors (`torch_params`),
+// else numpy arrays.
 py::dict save_state(zf_engine* engine, bool torch_params);
 
 // Loads a dict from save_state into the engine, which has `param_count` parameters; names
