@@ -400,7 +400,7 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
            "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call on "
            "device `index` (None: the only device); the host backend takes only 0.")
       .def("state_dict", &PyEngine::state_dict,
-           "Flushes, then returns the optimizer state (independent of the selection).")
+           "The optimizer state (independent of the selection); nothing is flushed (zf_engine_save_state).")
       .def("load_state_dict", &PyEngine::load_state_dict, py::arg("state"))
       .def("close", &PyEngine::close, "Joins the host lane and frees the engine; later calls raise.");
 }
