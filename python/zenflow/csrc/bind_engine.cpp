@@ -1,17 +1,18 @@
 // zenflow._C.Engine: the engine (engine.h) for Python. Parameters are given once, at
 // construction, and updated in place; each step passes only the gradients. The state
-// machine lives in C++: this file only converts arguments and results.
+// machine lives in C++: this file only converts arguments and results. The Engine class and
+// its registration are here; config dicts and groups, devices, collectives and the state
+// dict are converted in the files bind_engine.hpp lists.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cctype>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "bind_engine.hpp"
 #include "bindings.hpp"
 #include "tensor_convert.hpp"
 #include "zenflow/engine.h"
@@ -19,327 +20,6 @@
 namespace zf_py {
 
 namespace {
-
-double number(py::handle value, const std::string& name) {
-  if (PyBool_Check(value.ptr()) || !PyNumber_Check(value.ptr())) {
-    throw py::type_error(name + ": expected a number, got " +
-                         std::string(py::str(py::type::of(value).attr("__name__"))));
-  }
-  return py::float_(py::reinterpret_borrow<py::object>(value)).cast<double>();
-}
-
-int64_t integer(py::handle value, const std::string& name) {
-  if (PyBool_Check(value.ptr())) throw py::type_error(name + ": expected an integer, got bool");
-  PyObject* index = PyNumber_Index(value.ptr());
-  if (index == nullptr) {
-    PyErr_Clear();
-    throw py::type_error(name + ": expected an integer, got " +
-                         std::string(py::str(py::type::of(value).attr("__name__"))));
-  }
-  const py::object owned = py::reinterpret_steal<py::object>(index);
-  int overflow = 0;
-  const long long result = PyLong_AsLongLongAndOverflow(owned.ptr(), &overflow);
-  if (overflow != 0) throw py::value_error(name + ": out of range");
-  return static_cast<int64_t>(result);
-}
-
-bool flag(py::handle value, const std::string& name) {
-  if (!PyBool_Check(value.ptr()) && !PyNumber_Check(value.ptr())) throw py::type_error(name + ": expected a bool");
-  return py::bool_(py::reinterpret_borrow<py::object>(value)).cast<bool>();
-}
-
-std::string type_name(py::handle value) { return py::str(py::type::of(value).attr("__name__")); }
-
-// The configuration table (engine.h: zf_engine_config_key), read once.
-const std::vector<zf_engine_config_key>& config_keys() {
-  static const std::vector<zf_engine_config_key> keys = [] {
-    std::vector<zf_engine_config_key> out(zf_engine_config_key_count());
-    for (size_t i = 0; i < out.size(); ++i) check(zf_engine_config_key_at(i, &out[i]));
-    return out;
-  }();
-  return keys;
-}
-
-std::vector<std::string> choice_names(const zf_engine_config_key& k) {
-  std::vector<std::string> out;
-  std::string rest = k.choices;
-  for (size_t comma; (comma = rest.find(',')) != std::string::npos; rest = rest.substr(comma + 1))
-    out.push_back(rest.substr(0, comma));
-  out.push_back(rest);
-  return out;
-}
-
-// Field access through the table's offsets (the table says each field's type and size).
-char* field(zf_engine_config& c, const zf_engine_config_key& k) { return reinterpret_cast<char*>(&c) + k.offset; }
-
-void write_field(zf_engine_config& c, const zf_engine_config_key& k, double real, int64_t whole) {
-  if (k.type == ZF_CONFIG_FLOAT) {
-    std::memcpy(field(c, k), &real, sizeof real);
-  } else if (k.size == sizeof(int32_t)) {
-    const auto v = static_cast<int32_t>(whole);
-    std::memcpy(field(c, k), &v, sizeof v);
-  } else {
-    std::memcpy(field(c, k), &whole, sizeof whole);
-  }
-}
-
-// A field whose 0 stands for a word ("auto", "window"; "none" is None in Python), as opposed
-// to a number ("1": ranks_per_host's 0 counts as 1).
-bool zero_is_word(const std::string& zero) {
-  return !zero.empty() && std::isalpha(static_cast<unsigned char>(zero[0]));
-}
-
-// A Python value into field k; the range is the engine's to check (zf_engine_config_check).
-// A field whose 0 stands for a word takes the word ("auto", "window"; None for "none"), so a
-// plain 0 is refused here: in Python the word says it.
-void parse_key(zf_engine_config& c, const zf_engine_config_key& k, py::handle value, const std::string& name) {
-  const std::string zero = k.zero_means;
-  const bool takes_word = zero_is_word(zero);
-  if (takes_word &&
-      ((zero == "none" && value.is_none()) || (py::isinstance<py::str>(value) && value.cast<std::string>() == zero))) {
-    return write_field(c, k, 0.0, 0);
-  }
-  const std::string word = zero == "none" ? "None" : "\"" + zero + "\"";
-  switch (k.type) {
-    case ZF_CONFIG_FLOAT: {
-      if (PyBool_Check(value.ptr()) || !PyNumber_Check(value.ptr()) || py::isinstance<py::str>(value)) {
-        throw py::type_error(name + ": expected a number" + (takes_word ? " or " + word : "") + ", got " +
-                             type_name(value));
-      }
-      const double v = number(value, name);
-      if (takes_word && v == 0.0)
-        throw py::value_error(name + ": must be " + k.range_text + ", got 0 (" + zero + " is written " + word + ")");
-      return write_field(c, k, v, 0);
-    }
-    case ZF_CONFIG_INT: {
-      if (py::isinstance<py::str>(value)) {
-        throw py::value_error(name + ": expected an integer" + (takes_word ? " or " + word : "") + ", got " +
-                              std::string(py::repr(value)));
-      }
-      const int64_t v = integer(value, name);
-      if (takes_word && v == 0)
-        throw py::value_error(name + ": must be " + k.range_text + ", got 0 (" + zero + " is written " + word + ")");
-      if (k.size == sizeof(int32_t) && (v < INT32_MIN || v > INT32_MAX))  // would not fit the field
-        throw py::value_error(name + ": must be " + k.range_text + ", got " + std::to_string(v));
-      return write_field(c, k, 0.0, v);
-    }
-    case ZF_CONFIG_BOOL:
-      if (!PyBool_Check(value.ptr())) throw py::type_error(name + ": expected a bool, got " + type_name(value));
-      return write_field(c, k, 0.0, value.ptr() == Py_True ? 1 : 0);
-    case ZF_CONFIG_CHOICE: {
-      const std::vector<std::string> names = choice_names(k);
-      if (value.is_none() && names[0] == "none") return write_field(c, k, 0.0, 0);  // loss_scaling None
-      if (!py::isinstance<py::str>(value)) throw py::type_error(name + ": expected a string, got " + type_name(value));
-      {
-        const std::string text = value.cast<std::string>();
-        for (size_t i = 0; i < names.size(); ++i)
-          if (text == names[i]) return write_field(c, k, 0.0, static_cast<int64_t>(i));
-      }
-      std::string valid;
-      for (const std::string& n : names) valid += (valid.empty() ? "\"" : ", \"") + n + "\"";
-      throw py::value_error(name + ": expected one of " + valid + ", got " + std::string(py::repr(value)));
-    }
-  }
-}
-
-// Field k of c as Python: the zero word (None for "none"), a bool, a choice's name, a number.
-py::object key_value(const zf_engine_config& c, const zf_engine_config_key& k) {
-  const char* p = reinterpret_cast<const char*>(&c) + k.offset;
-  double real = 0.0;
-  int64_t whole = 0;
-  if (k.type == ZF_CONFIG_FLOAT) {
-    std::memcpy(&real, p, sizeof real);
-  } else if (k.size == sizeof(int32_t)) {
-    int32_t v;
-    std::memcpy(&v, p, sizeof v);
-    whole = v;
-  } else {
-    std::memcpy(&whole, p, sizeof whole);
-  }
-  const std::string zero = k.zero_means;
-  if (zero_is_word(zero) && real == 0.0 && whole == 0) return zero == "none" ? py::none() : py::object(py::str(zero));
-  switch (k.type) {
-    case ZF_CONFIG_FLOAT:
-      return py::float_(real);
-    case ZF_CONFIG_BOOL:
-      return py::bool_(whole != 0);
-    case ZF_CONFIG_CHOICE:
-      return py::str(choice_names(k).at(static_cast<size_t>(whole)));
-    default:
-      return py::int_(whole);
-  }
-}
-
-// A config dict (engine field names; "betas" sets beta1 and beta2) over the defaults. Unknown
-// keys and wrong types raise here, naming the key; then the engine checks every range.
-zf_engine_config parse_config(const py::dict& config, bool deepspeed_rules = false) {
-  zf_engine_config c = zf_engine_config_default();
-  for (const auto& item : config) {
-    if (!py::isinstance<py::str>(item.first)) throw py::type_error("config: keys must be strings");
-    const std::string key = item.first.cast<std::string>();
-    const std::string name = "config[\"" + key + "\"]";
-    if (key == "betas") {
-      if (!py::isinstance<py::sequence>(item.second) || py::isinstance<py::str>(item.second) ||
-          py::len(item.second) != 2) {
-        throw py::value_error(name + ": expected a pair (beta1, beta2)");
-      }
-      const py::sequence betas = py::reinterpret_borrow<py::sequence>(item.second);
-      c.beta1 = number(betas[0], name + "[0]");
-      c.beta2 = number(betas[1], name + "[1]");
-      continue;
-    }
-    const zf_engine_config_key* found = nullptr;
-    for (const zf_engine_config_key& k : config_keys())
-      if (key == k.name) found = &k;
-    if (found == nullptr) throw py::value_error("config: unknown key \"" + key + "\"");
-    parse_key(c, *found, item.second, name);
-  }
-  check(deepspeed_rules ? zf_engine_config_check_deepspeed(&c) : zf_engine_config_check(&c));
-  return c;
-}
-
-py::dict config_dict(const zf_engine_config& c) {
-  py::dict out;
-  for (const zf_engine_config_key& k : config_keys()) out[k.name] = key_value(c, k);
-  return out;
-}
-
-py::list describe_keys() {
-  static const char* kTypes[] = {"float", "int", "bool", "choice"};
-  const zf_engine_config defaults = zf_engine_config_default();
-  py::list out;
-  for (const zf_engine_config_key& k : config_keys()) {
-    py::dict d;
-    d["name"] = k.name;
-    d["type"] = kTypes[k.type];
-    d["default"] = key_value(defaults, k);
-    d["minimum"] = k.minimum;
-    d["maximum"] = k.maximum;
-    d["minimum_open"] = k.minimum_open != 0;
-    d["maximum_open"] = k.maximum_open != 0;
-    d["zero_means"] = k.zero_means;
-    d["choices"] = k.type == ZF_CONFIG_CHOICE ? py::cast(choice_names(k)) : py::list();
-    d["default_text"] = k.default_text;
-    d["range_text"] = k.range_text;
-    d["meaning"] = k.meaning;
-    d["deepspeed_key"] = k.deepspeed_key;
-    d["deepspeed_default"] = k.deepspeed_default;
-    d["deepspeed_difference"] = k.deepspeed_difference;
-    out.append(d);
-  }
-  return out;
-}
-
-// Data parallel: the Python callables behind the engine's collectives (engine.h:
-// zf_engine_collectives). The engine calls them from inside calls that released the GIL, on
-// the calling thread; each trampoline takes the GIL back, passes plain integers and a dtype
-// name, and turns any Python exception into an error status whose text last_error returns
-// (the engine's error message then carries it).
-class PyCollectives {
- public:
-  PyCollectives(py::object all_reduce_sum, py::object reduce_scatter_sum, py::object all_gather)
-      : all_reduce_sum_(std::move(all_reduce_sum)),
-        reduce_scatter_sum_(std::move(reduce_scatter_sum)),
-        all_gather_(std::move(all_gather)) {}
-
-  zf_engine_collectives table(int32_t rank, int32_t world_size) {
-    zf_engine_collectives c{};
-    c.user = this;
-    c.rank = rank;
-    c.world_size = world_size;
-    c.all_reduce_sum = &PyCollectives::all_reduce_trampoline;
-    c.reduce_scatter_sum = &PyCollectives::reduce_scatter_trampoline;
-    c.all_gather = &PyCollectives::all_gather_trampoline;
-    c.last_error = &PyCollectives::last_error_trampoline;
-    return c;
-  }
-
- private:
-  static const char* dtype_name(zf_dtype dtype) {
-    switch (dtype) {
-      case ZF_DTYPE_F32:
-        return "float32";
-      case ZF_DTYPE_F16:
-        return "float16";
-      case ZF_DTYPE_BF16:
-        return "bfloat16";
-      case ZF_DTYPE_I32:
-        return "int32";
-      case ZF_DTYPE_I64:
-        return "int64";
-    }
-    return "unknown";
-  }
-
-  static bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing() != 0;
-#else
-    return _Py_IsFinalizing() != 0;
-#endif
-  }
-
-  static uintptr_t address(const void* data) { return reinterpret_cast<uintptr_t>(data); }
-  static uintptr_t stream_handle(zf_stream stream) { return reinterpret_cast<uintptr_t>(stream); }
-
-  // Runs `fn` (which calls one Python callable) with the GIL held; never lets an exception out.
-  template <typename Fn>
-  zf_status invoke(const char* which, Fn&& fn) noexcept {
-    if (!Py_IsInitialized() || interpreter_finalizing()) {
-      error_ = std::string(which) + ": the Python interpreter is shutting down";
-      return ZF_ERROR_INTERNAL;
-    }
-    py::gil_scoped_acquire gil;
-    try {
-      fn();
-      return ZF_SUCCESS;
-    } catch (py::error_already_set& e) {
-      std::string type = "Exception";
-      try {
-        type = py::str(e.type().attr("__name__"));
-        error_ = std::string(which) + " raised " + type + ": " + std::string(py::str(e.value()));
-      } catch (...) {
-        error_ = std::string(which) + " raised " + type;
-      }
-    } catch (const std::exception& e) {
-      error_ = std::string(which) + " raised " + e.what();
-    } catch (...) {
-      error_ = std::string(which) + " raised an unknown C++ exception";
-    }
-    return ZF_ERROR_INTERNAL;
-  }
-
-  static zf_status all_reduce_trampoline(void* user, void* data, size_t count, zf_dtype dtype, zf_stream stream) {
-    auto* self = static_cast<PyCollectives*>(user);
-    return self->invoke("all_reduce_sum",
-                        [&] { self->all_reduce_sum_(address(data), count, dtype_name(dtype), stream_handle(stream)); });
-  }
-
-  static zf_status reduce_scatter_trampoline(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
-                                             zf_stream stream) {
-    auto* self = static_cast<PyCollectives*>(user);
-    return self->invoke("reduce_scatter_sum", [&] {
-      self->reduce_scatter_sum_(address(in), address(out), count, dtype_name(dtype), stream_handle(stream));
-    });
-  }
-
-  static zf_status all_gather_trampoline(void* user, const void* in, void* out, size_t count, zf_dtype dtype,
-                                         zf_stream stream) {
-    auto* self = static_cast<PyCollectives*>(user);
-    return self->invoke("all_gather", [&] {
-      self->all_gather_(address(in), address(out), count, dtype_name(dtype), stream_handle(stream));
-    });
-  }
-
-  static const char* last_error_trampoline(void* user) { return static_cast<PyCollectives*>(user)->error_.c_str(); }
-
-  py::object all_reduce_sum_, reduce_scatter_sum_, all_gather_;
-  std::string error_;
-};
-
-// The schedule counters by name, in the order of engine.h's ZF_COUNTER_* positions.
-constexpr const char* kScheduleKeys[] = {
-    "step", "window", "window_steps", "since_selection", "selections", "has_previous_window"};
 
 class PyEngine {
  public:
@@ -350,57 +30,18 @@ class PyEngine {
     Converter conv;
     const std::vector<zf_tensor> tensors = conv.list(param_list, "params", Access::kWrite);
 
-    std::vector<int32_t> param_groups(param_count, -1);
-    std::vector<zf_engine_group> c_groups;
-    const size_t group_count = static_cast<size_t>(PySequence_Fast_GET_SIZE(group_list.ptr()));
-    for (size_t g = 0; g < group_count; ++g) {
-      const std::string name = "groups[" + std::to_string(g) + "]";
-      const py::handle entry = PySequence_Fast_GET_ITEM(group_list.ptr(), static_cast<Py_ssize_t>(g));
-      if (!py::isinstance<py::dict>(entry)) throw py::type_error(name + ": expected a dict");
-      const py::dict group = py::reinterpret_borrow<py::dict>(entry);
-      for (const auto& item : group) {
-        const std::string key = py::str(item.first);
-        if (key != "params" && key != "lr" && key != "weight_decay" && key != "dense") {
-          throw py::value_error(name + ": unknown key \"" + key + "\"");
-        }
-      }
-      if (!group.contains("params") || !group.contains("lr")) {
-        throw py::value_error(name + ": needs \"params\" (indices into params) and \"lr\"");
-      }
-      zf_engine_group c_group{};
-      c_group.lr = number(group["lr"], name + "[\"lr\"]");
-      c_group.weight_decay =
-          group.contains("weight_decay") ? number(group["weight_decay"], name + "[\"weight_decay\"]") : 0.0;
-      c_group.dense = group.contains("dense") && flag(group["dense"], name + "[\"dense\"]") ? 1 : 0;
-      const py::object indices = as_fast_sequence(group["params"], (name + "[\"params\"]").c_str());
-      for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(indices.ptr()); ++j) {
-        const std::string index_name = name + "[\"params\"][" + std::to_string(j) + "]";
-        const int64_t index = integer(PySequence_Fast_GET_ITEM(indices.ptr(), j), index_name);
-        if (index < 0 || static_cast<size_t>(index) >= param_count) {
-          throw py::value_error(index_name + ": " + std::to_string(index) + " is not a parameter index (there are " +
-                                std::to_string(param_count) + ")");
-        }
-        if (param_groups[static_cast<size_t>(index)] != -1) {
-          throw py::value_error(index_name + ": parameter " + std::to_string(index) + " is in two groups");
-        }
-        param_groups[static_cast<size_t>(index)] = static_cast<int32_t>(g);
-      }
-      c_groups.push_back(c_group);
-    }
-    for (size_t i = 0; i < param_count; ++i) {
-      if (param_groups[i] == -1) throw py::value_error("groups: parameter " + std::to_string(i) + " is in no group");
-    }
+    const EngineGroups parsed = parse_groups(group_list, param_count);
     if (!config.is_none() && !py::isinstance<py::dict>(config)) throw py::type_error("config: expected a dict");
     const zf_engine_config c_config = config.is_none() ? zf_engine_config_default() : parse_config(config);
 
     zf_engine* created = nullptr;
     check(release_gil([&] {
-      return zf_engine_create(tensors.data(), param_groups.data(), param_count, c_groups.data(), c_groups.size(),
-                              &c_config, &created);
+      return zf_engine_create(tensors.data(), parsed.param_groups.data(), param_count, parsed.groups.data(),
+                              parsed.groups.size(), &c_config, &created);
     }));
     engine_ = created;
     params_ = py::list(param_list);
-    group_count_ = group_count;
+    group_count_ = parsed.groups.size();
     torch_params_ =
         !tensors.empty() && std::string(py::str(py::type::of(params_[0]).attr("__module__"))).rfind("torch", 0) == 0;
   }
@@ -430,12 +71,10 @@ class PyEngine {
     const int64_t value = integer(handle, "stream");
     if (value < 0)
       throw py::value_error("stream: expected a cudaStream_t handle (an integer >= 0), got " + std::to_string(value));
-    const size_t d = device_index(index);
+    const size_t d = device_index(engine, index);
     check(zf_engine_set_stream_at(engine, d, reinterpret_cast<zf_stream>(static_cast<uintptr_t>(value))));
     // The gradients of later calls come from DLPack producers on this stream too.
-    zf_device device{};
-    size_t bytes = 0;
-    check(zf_engine_device_at(engine, d, &device, &bytes));
+    const zf_device device = device_at(engine, d).device;
     if (device.type == ZF_DEVICE_CUDA) {
       const size_t ordinal = static_cast<size_t>(device.index);
       if (streams_.by_device.size() <= ordinal) streams_.by_device.resize(ordinal + 1, -1);
@@ -443,45 +82,16 @@ class PyEngine {
     }
   }
 
-  size_t device_count() const {
-    size_t count = 0;
-    check(zf_engine_device_count(live(), &count));
-    return count;
-  }
+  size_t device_count() const { return zf_py::device_count(live()); }
 
   // The devices the parameters are on, as torch names them ("cpu", "cuda:1"), in the order of
   // the index argument of device_memory_size, attach_device_memory and set_stream.
   py::list devices() const {
     py::list out;
-    const size_t count = device_count();
-    for (size_t d = 0; d < count; ++d) {
-      zf_device device{};
-      size_t bytes = 0;
-      check(zf_engine_device_at(live(), d, &device, &bytes));
-      out.append(device_name(device));
-    }
+    zf_engine* engine = live();
+    const size_t count = zf_py::device_count(engine);
+    for (size_t d = 0; d < count; ++d) out.append(device_name(device_at(engine, d).device));
     return out;
-  }
-
-  static std::string device_name(const zf_device& device) {
-    return device.type == ZF_DEVICE_CUDA ? "cuda:" + std::to_string(device.index) : std::string("cpu");
-  }
-
-  size_t device_index(const py::object& index) const {
-    const size_t count = device_count();
-    if (index.is_none()) {
-      if (count > 1) {
-        throw py::value_error("index: the parameters are on " + std::to_string(count) +
-                              " devices (devices()); give the device's index");
-      }
-      return 0;
-    }
-    const int64_t value = integer(index, "index");
-    if (value < 0 || static_cast<size_t>(value) >= count) {
-      throw py::value_error("index: must be in [0, " + std::to_string(count) + ") (devices()), got " +
-                            std::to_string(value));
-    }
-    return static_cast<size_t>(value);
   }
 
   // Data parallel (engine.h: zf_engine_set_collectives): this engine is rank `rank` of
@@ -497,26 +107,9 @@ class PyEngine {
   void set_collectives(const py::object& rank, const py::object& world_size, const py::object& all_reduce_sum,
                        const py::object& reduce_scatter_sum, const py::object& all_gather) {
     zf_engine* engine = live();
-    const int64_t rank_value = integer(rank, "rank");
-    const int64_t size_value = integer(world_size, "world_size");
-    if (size_value < 1 || size_value > INT32_MAX)
-      throw py::value_error("world_size: must be >= 1, got " + std::to_string(size_value));
-    if (rank_value < 0 || rank_value >= size_value) {
-      throw py::value_error("rank: must be in [0, world_size) = [0, " + std::to_string(size_value) + "), got " +
-                            std::to_string(rank_value));
-    }
-    const std::pair<const char*, const py::object*> functions[] = {
-        {"all_reduce_sum", &all_reduce_sum}, {"reduce_scatter_sum", &reduce_scatter_sum}, {"all_gather", &all_gather}};
-    for (const auto& function : functions) {
-      if (!PyCallable_Check(function.second->ptr())) {
-        throw py::type_error(std::string(function.first) + ": expected a callable, got " +
-                             std::string(py::str(py::type::of(*function.second).attr("__name__"))));
-      }
-    }
-    auto collectives = std::make_unique<PyCollectives>(all_reduce_sum, reduce_scatter_sum, all_gather);
-    const zf_engine_collectives table =
-        collectives->table(static_cast<int32_t>(rank_value), static_cast<int32_t>(size_value));
-    check(zf_engine_set_collectives(engine, &table));
+    auto collectives =
+        std::make_unique<PyCollectives>(rank, world_size, all_reduce_sum, reduce_scatter_sum, all_gather);
+    check(zf_engine_set_collectives(engine, &collectives->table()));
     // The previous table (if any) is no longer referenced by the engine.
     collectives_ = std::move(collectives);
   }
@@ -527,36 +120,10 @@ class PyEngine {
   // so the memory lives as long as the engine.
   void attach_device_memory(const py::object& memory, const py::object& index) {
     zf_engine* engine = live();
-    const size_t d = device_index(index);
-    const py::module_ torch = py::module_::import("torch");
-    if (!py::isinstance(memory, torch.attr("Tensor"))) {
-      throw py::type_error("memory: expected a torch.Tensor of dtype torch.uint8, got " +
-                           std::string(py::str(py::type::of(memory).attr("__name__"))));
-    }
-    if (!memory.attr("dtype").equal(torch.attr("uint8"))) {
-      throw py::value_error("memory: expected dtype torch.uint8, got " + std::string(py::str(memory.attr("dtype"))));
-    }
-    if (!memory.attr("is_contiguous")().cast<bool>()) throw py::value_error("memory: must be contiguous");
-    zf_device want{};
-    size_t needed = 0;
-    check(zf_engine_device_at(engine, d, &want, &needed));
-    const py::object device = memory.attr("device");
-    const std::string type = py::str(device.attr("type"));
-    const bool on_cuda = type == "cuda";
-    const int64_t device_index = device.attr("index").is_none() ? 0 : device.attr("index").cast<int64_t>();
-    const bool same_device = want.type == ZF_DEVICE_CUDA ? on_cuda && device_index == want.index : type == "cpu";
-    if (!same_device) {
-      throw py::value_error("memory: on " + std::string(py::str(device)) + ", the parameters are on " +
-                            device_name(want));
-    }
-    const int64_t bytes = memory.attr("numel")().cast<int64_t>();
-    if (bytes < 0 || static_cast<size_t>(bytes) < needed) {
-      throw py::value_error("memory: holds " + std::to_string(bytes) + " bytes, the engine needs " +
-                            std::to_string(needed) + " (device_memory_size())");
-    }
-    void* data = PyLong_AsVoidPtr(memory.attr("data_ptr")().ptr());
-    if (data == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    call([&] { return zf_engine_attach_device_memory_at(engine, d, data, static_cast<size_t>(bytes)); });
+    const size_t d = device_index(engine, index);
+    size_t bytes = 0;
+    void* data = device_memory(engine, d, memory, &bytes);
+    call([&] { return zf_engine_attach_device_memory_at(engine, d, data, bytes); });
     memory_.append(memory);
   }
 
@@ -686,31 +253,7 @@ class PyEngine {
   py::dict stats() const {
     zf_engine_stats s{};
     check(zf_engine_get_stats(live(), &s));
-    py::dict out;
-    out["steps"] = s.steps;
-    out["windows"] = s.windows;
-    out["reselections"] = s.reselections;
-    out["skipped_steps"] = s.skipped_steps;
-    out["last_global_norm"] = s.last_global_norm;
-    out["stall_seconds_window_close"] = s.stall_seconds_window_close;
-    out["stall_seconds_back_pressure"] = s.stall_seconds_back_pressure;
-    out["stall_seconds_flush"] = s.stall_seconds_flush;
-    out["host_update_seconds"] = s.host_update_seconds;
-    out["accumulate_seconds"] = s.accumulate_seconds;
-    out["bytes_down"] = s.bytes_down;
-    out["bytes_up"] = s.bytes_up;
-    out["selected_fraction"] = s.selected_fraction;
-    out["device_state_bytes"] = s.device_state_bytes;
-    out["host_state_bytes"] = s.host_state_bytes;
-    out["stall_seconds_readback"] = s.stall_seconds_readback;
-    out["device_bytes"] = s.device_bytes;
-    out["pinned_host_bytes"] = s.pinned_host_bytes;
-    out["collective_bytes_statistics"] = s.collective_bytes_statistics;
-    out["collective_bytes_gradients"] = s.collective_bytes_gradients;
-    out["collective_bytes_upload"] = s.collective_bytes_upload;
-    out["host_lane_bytes_read"] = s.host_lane_bytes_read;
-    out["host_lane_bytes_written"] = s.host_lane_bytes_written;
-    return out;
+    return stats_dict(s);
   }
 
   double loss_scale() const {
@@ -720,126 +263,21 @@ class PyEngine {
   }
 
   size_t device_memory_size(const py::object& index) const {
-    zf_device device{};
-    size_t bytes = 0;
-    check(zf_engine_device_at(live(), device_index(index), &device, &bytes));
-    return bytes;
-  }
-
-  py::dict state_dict() {
     zf_engine* engine = live();
-    const std::vector<zf_engine_state_entry> entries = layout();
-    py::list buffers;
-    for (const zf_engine_state_entry& entry : entries) buffers.append(empty(entry));
-    Converter conv;
-    const std::vector<zf_tensor> tensors = conv.list(buffers, "state", Access::kWrite);
-    std::vector<int64_t> counters(ZF_ENGINE_STATE_COUNTERS, 0);
-    double scale = 0.0;
-    call([&] { return zf_engine_save_state(engine, tensors.data(), tensors.size(), counters.data(), &scale); });
-
-    py::list per_param;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const size_t param = static_cast<size_t>(entries[i].param);
-      while (py::len(per_param) <= param) per_param.append(py::dict());
-      py::dict entry = per_param[param];
-      entry[zf_engine_state_kind_name(entries[i].kind)] = buffers[i];
-    }
-    py::dict schedule;
-    for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c)
-      schedule[kScheduleKeys[c]] = counters[c];
-    schedule["skipped"] = counters[ZF_COUNTER_SKIPPED];
-    schedule["steps_accumulated"] = counters[ZF_COUNTER_STEPS_ACCUMULATED];
-    schedule["update_pending"] = counters[ZF_COUNTER_UPDATE_PENDING];
-    py::dict scaler;
-    scaler["scale"] = scale;
-    scaler["growth_tracker"] = counters[ZF_COUNTER_GROWTH_TRACKER];
-    scaler["hysteresis"] = counters[ZF_COUNTER_HYSTERESIS];
-    py::dict out;
-    out["params"] = per_param;
-    out["schedule"] = schedule;
-    out["loss_scaler"] = scaler;
-    return out;
+    return device_at(engine, device_index(engine, index)).memory_bytes;
   }
+
+  py::dict state_dict() { return save_state(live(), torch_params_); }
 
   void load_state_dict(const py::object& state) {
     zf_engine* engine = live();
-    if (!py::isinstance<py::dict>(state)) throw py::type_error("state: expected a dict from state_dict()");
-    const py::dict d = py::reinterpret_borrow<py::dict>(state);
-    for (const char* key : {"params", "schedule", "loss_scaler"}) {
-      if (!d.contains(key)) throw py::value_error(std::string("state: missing \"") + key + "\"");
-    }
-    const std::vector<zf_engine_state_entry> entries = layout();
-    const py::object per_param = as_fast_sequence(d["params"], "state[\"params\"]");
-    const size_t saved_params = static_cast<size_t>(PySequence_Fast_GET_SIZE(per_param.ptr()));
-    const size_t params = static_cast<size_t>(py::len(params_));
-    if (saved_params != params) {
-      throw py::value_error("state: holds " + std::to_string(saved_params) + " parameters, this engine has " +
-                            std::to_string(params) + " (the state of another model)");
-    }
-    py::list buffers;
-    for (const zf_engine_state_entry& entry : entries) {
-      const std::string name = "state[\"params\"][" + std::to_string(entry.param) + "]";
-      const py::handle saved = PySequence_Fast_GET_ITEM(per_param.ptr(), entry.param);
-      if (!py::isinstance<py::dict>(saved)) throw py::type_error(name + ": expected a dict");
-      const py::dict saved_dict = py::reinterpret_borrow<py::dict>(saved);
-      const char* key = zf_engine_state_kind_name(entry.kind);
-      if (!saved_dict.contains(key)) {
-        if (entry.kind == ZF_STATE_ACCUMULATOR) {  // a state saved before it was one: a flushed one
-          buffers.append(empty(entry).attr("zero_")());
-          continue;
-        }
-        throw py::value_error(name + ": missing \"" + key + "\" (the state of another model or configuration)");
-      }
-      buffers.append(saved_dict[key]);
-    }
-    Converter conv;
-    const std::vector<zf_tensor> tensors = conv.list(buffers, "state", Access::kRead);
-    std::vector<int64_t> counters(ZF_ENGINE_STATE_COUNTERS, 0);
-    const py::dict schedule = d["schedule"].cast<py::dict>();
-    for (size_t c = 0; c < sizeof(kScheduleKeys) / sizeof(kScheduleKeys[0]); ++c) {
-      if (!schedule.contains(kScheduleKeys[c])) {
-        throw py::value_error(std::string("state[\"schedule\"]: missing \"") + kScheduleKeys[c] + "\"");
-      }
-      counters[c] =
-          integer(schedule[kScheduleKeys[c]], std::string("state[\"schedule\"][\"") + kScheduleKeys[c] + "\"]");
-    }
-    if (!schedule.contains("skipped")) throw py::value_error("state[\"schedule\"]: missing \"skipped\"");
-    counters[ZF_COUNTER_SKIPPED] = integer(schedule["skipped"], "state[\"schedule\"][\"skipped\"]");
-    // Absent from a state saved before they existed (a flushed state): 0.
-    if (schedule.contains("steps_accumulated"))
-      counters[ZF_COUNTER_STEPS_ACCUMULATED] =
-          integer(schedule["steps_accumulated"], "state[\"schedule\"][\"steps_accumulated\"]");
-    if (schedule.contains("update_pending"))
-      counters[ZF_COUNTER_UPDATE_PENDING] =
-          integer(schedule["update_pending"], "state[\"schedule\"][\"update_pending\"]");
-    const py::dict scaler = d["loss_scaler"].cast<py::dict>();
-    if (!scaler.contains("scale") || !scaler.contains("growth_tracker")) {
-      throw py::value_error("state[\"loss_scaler\"]: needs \"scale\" and \"growth_tracker\"");
-    }
-    counters[ZF_COUNTER_GROWTH_TRACKER] =
-        integer(scaler["growth_tracker"], "state[\"loss_scaler\"][\"growth_tracker\"]");
-    // Absent from a state saved before the counter existed: no overflow absorbed.
-    if (scaler.contains("hysteresis"))
-      counters[ZF_COUNTER_HYSTERESIS] = integer(scaler["hysteresis"], "state[\"loss_scaler\"][\"hysteresis\"]");
-    const double scale = number(scaler["scale"], "state[\"loss_scaler\"][\"scale\"]");
-    call([&] { return zf_engine_load_state(engine, tensors.data(), tensors.size(), counters.data(), scale); });
+    load_state(engine, state, static_cast<size_t>(py::len(params_)), torch_params_);
   }
 
  private:
   zf_engine* live() const {
     if (engine_ == nullptr) throw py::value_error("engine: closed");
     return engine_;
-  }
-
-  template <typename Fn>
-  static zf_status release_gil(Fn&& fn) {
-    py::gil_scoped_release release;
-    return fn();
-  }
-
-  template <typename Fn>
-  static void call(Fn&& fn) {
-    check(release_gil(std::forward<Fn>(fn)));
   }
 
   std::vector<double> learning_rates(const py::object& lrs) const {
@@ -853,27 +291,6 @@ class PyEngine {
           number(PySequence_Fast_GET_ITEM(seq.ptr(), static_cast<Py_ssize_t>(g)), "lrs[" + std::to_string(g) + "]"));
     }
     return rates;
-  }
-
-  std::vector<zf_engine_state_entry> layout() const {
-    size_t count = 0;
-    check(zf_engine_state_layout(engine_, nullptr, &count));
-    std::vector<zf_engine_state_entry> entries(count);
-    check(zf_engine_state_layout(engine_, entries.data(), &count));
-    entries.resize(count);
-    return entries;
-  }
-
-  // A buffer of the parameters' array family (torch or numpy) for one state entry.
-  py::object empty(const zf_engine_state_entry& entry) const {
-    py::tuple shape(entry.ndim);
-    for (int d = 0; d < entry.ndim; ++d) shape[d] = entry.shape[d];
-    const char* dtype = entry.dtype == ZF_DTYPE_I32 ? "int32" : "float32";
-    if (torch_params_) {
-      const py::module_ torch = py::module_::import("torch");
-      return torch.attr("empty")(shape, py::arg("dtype") = torch.attr(dtype));
-    }
-    return py::module_::import("numpy").attr("empty")(shape, py::arg("dtype") = dtype);
   }
 
   // The engine wrote the parameters in place: bump their autograd versions, as torch's own
@@ -909,56 +326,8 @@ class PyEngine {
 }  // namespace
 
 void register_engine(py::module_& m) {
-  m.def("config_keys", &describe_keys,
-        "The engine's configuration table (engine.h: zf_engine_config_key_at), one dict per field: name, type, "
-        "default (as Python: None / \"auto\" for a zero sentinel), range, zero_means, choices, meaning, "
-        "deepspeed_key, deepspeed_default (a JSON literal), deepspeed_difference.");
-  m.def(
-      "check_config",
-      [](const py::dict& config, bool deepspeed_rules) { return config_dict(parse_config(config, deepspeed_rules)); },
-      py::arg("config"), py::arg("deepspeed_rules") = false,
-      "Parses and checks a config dict as Engine() does (zf_engine_config_check; with deepspeed_rules, "
-      "zf_engine_config_check_deepspeed) and returns every field's value "
-      "(defaults filled in). Unknown key: ValueError; wrong type: TypeError; out of range: the engine's "
-      "ValueError; each names the key.");
-  m.def(
-      "engine_thread_plan",
-      [](const py::object& config) {
-        const zf_engine_config c = config.is_none() ? zf_engine_config_default() : parse_config(config);
-        zf_engine_thread_plan plan{};
-        check(zf_engine_thread_plan_for(&c, &plan));
-        py::dict out;
-        out["cores"] = plan.cores;
-        out["compute_threads"] = plan.compute_threads;
-        out["host_threads"] = plan.host_threads;
-        out["framework_threads"] = plan.framework_threads;
-        return out;
-      },
-      py::arg("config") = py::none(),
-      "The engine's thread plan for a config dict (engine.h: zf_engine_thread_plan_for): this rank's cores, "
-      "the compute and host lanes' threads, and the framework's intra-op threads beside them.");
-
-  m.def(
-      "param_state_layout",
-      [](const py::handle& param, bool dense_group) {
-        Converter conv;
-        const zf_tensor tensor = conv.tensor(param, ArgName{"param"}, Access::kRead);
-        size_t count = 0;
-        check(zf_engine_param_state_layout(&tensor, dense_group ? 1 : 0, nullptr, &count));
-        std::vector<zf_engine_state_entry> entries(count);
-        check(zf_engine_param_state_layout(&tensor, dense_group ? 1 : 0, entries.data(), &count));
-        py::list out;
-        for (const zf_engine_state_entry& e : entries) {
-          py::tuple shape(static_cast<size_t>(e.ndim));
-          for (int32_t d = 0; d < e.ndim; ++d) shape[static_cast<size_t>(d)] = e.shape[d];
-          out.append(
-              py::make_tuple(zf_engine_state_kind_name(e.kind), e.dtype == ZF_DTYPE_I32 ? "int32" : "float32", shape));
-        }
-        return out;
-      },
-      py::arg("param"), py::arg("dense_group"),
-      "The engine's state entries of one parameter (engine.h: zf_engine_param_state_layout): a list of (name, "
-      "dtype name, shape), 4 for a dense parameter, 8 for a matrix; the checkpoint schema, from the engine.");
+  register_engine_config(m);
+  register_engine_state(m);
 
   py::class_<PyEngine>(m, "Engine", R"doc(
 The zenflow engine: the whole stall-free pipeline as one object (see docs/design.md).
@@ -1031,7 +400,7 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
            "The CUDA stream (an integer cudaStream_t, 0: the legacy default stream) of every later call on "
            "device `index` (None: the only device); the host backend takes only 0.")
       .def("state_dict", &PyEngine::state_dict,
-           "Flushes, then returns the optimizer state (independent of the selection).")
+           "The optimizer state (independent of the selection); nothing is flushed (zf_engine_save_state).")
       .def("load_state_dict", &PyEngine::load_state_dict, py::arg("state"))
       .def("close", &PyEngine::close, "Joins the host lane and frees the engine; later calls raise.");
 }
