@@ -15,17 +15,13 @@ from typing import Any, Callable
 
 import torch
 
+from ._deepspeed import check_deepspeed, settings_from_deepspeed
 from ._engine import _EngineMixin, _Layout
 from ._native import native
 from ._overlap import _OverlapHandle, _OverlapMixin
 from ._state import _StateDictMixin
 from ._stats import format_stats, stall_seconds
-from .config import (
-    ENGINE_DEFAULTS,
-    check_hyperparameters,
-    check_settings,
-    settings_from_deepspeed,
-)
+from .config import ENGINE_DEFAULTS, check_hyperparameters, check_settings
 from .distributed import DataParallel, resolve_group
 
 __all__ = ["ZenFlowAdamW", "format_stats", "stall_seconds"]
@@ -264,6 +260,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
                 "process_group",
             ):
                 raise ValueError(f"{key}: unknown ZenFlowAdamW keyword")
+        check_deepspeed(hyper, settings, overrides)
         return cls(params, **{**hyper, **settings, **overrides})
 
     # ---- groups ----

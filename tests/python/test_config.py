@@ -184,7 +184,7 @@ def test_fp16_min_loss_scale_and_hysteresis_are_implemented():
     [
         ({"enabled": True, "hysteresis": 0}, "hysteresis"),
         ({"enabled": True, "min_loss_scale": -1}, "min_loss_scale"),
-        ({"enabled": True, "loss_scale_window": 0}, "growth_interval"),
+        ({"enabled": True, "loss_scale_window": 0}, r"fp16\.loss_scale_window"),
         ({"enabled": True, "loss_scale": 128}, "loss_scale"),
         ({"enabled": True, "bogus": 1}, "bogus"),
     ],
@@ -192,3 +192,38 @@ def test_fp16_min_loss_scale_and_hysteresis_are_implemented():
 def test_fp16_refusals(fp16, key):
     with pytest.raises(ValueError, match=key):
         zenflow.ZenFlowAdamW.from_config(params(), {"zenflow": {}, "fp16": fp16})
+
+
+@pytest.mark.parametrize(
+    "config, overrides, message",
+    [
+        ({"topk_ratio": 2}, {}, r"^zero_optimization\.zenflow\.topk_ratio: must be \[0, 1\]"),
+        ({"update_interval": 0}, {}, r"^zero_optimization\.zenflow\.update_interval: "),
+        ({}, {"topk_ratio": 2}, r"^topk_ratio: must be"),  # an override is named as a keyword
+        ({}, {"num_threads": 0}, r"^num_threads: "),
+    ],
+)
+def test_from_config_names_the_refused_key_as_it_was_given(config, overrides, message):
+    params = [torch.nn.Parameter(torch.zeros(4, 8))]
+    with pytest.raises(ValueError, match=message):
+        zenflow.ZenFlowAdamW.from_config(
+            params, {"zero_optimization": {"zenflow": config}}, **overrides
+        )
+
+
+def test_from_config_names_optimizer_params_and_clipping_by_their_keys():
+    params = [torch.nn.Parameter(torch.zeros(4, 8))]
+    block = {"zero_optimization": {"zenflow": {}}}
+    with pytest.raises(ValueError, match=r"^optimizer\.params\.lr: "):
+        zenflow.ZenFlowAdamW.from_config(params, {**block, "optimizer": {"params": {"lr": -1}}})
+    with pytest.raises(ValueError, match=r"^optimizer\.params\.betas\[1\]: "):
+        zenflow.ZenFlowAdamW.from_config(
+            params, {**block, "optimizer": {"params": {"betas": [0.9, 1.5]}}}
+        )
+    with pytest.raises(ValueError, match=r"^gradient_clipping: "):
+        zenflow.ZenFlowAdamW.from_config(params, {**block, "gradient_clipping": -1})
+    # a file value that an override replaces is not checked
+    opt = zenflow.ZenFlowAdamW.from_config(
+        params, {"zero_optimization": {"zenflow": {"topk_ratio": 2}}}, topk_ratio=0.5
+    )
+    opt.close()
