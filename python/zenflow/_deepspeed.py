@@ -14,8 +14,8 @@ from .config import (
     _KEYS,
     _RENAMED,
     ENGINE_DEFAULTS,
-    _engine_check,
     check_hyperparameters,
+    check_settings,
 )
 
 __all__ = ["check_deepspeed", "settings_from_deepspeed"]
@@ -131,13 +131,9 @@ def check_deepspeed(hyper: dict, settings: dict, overrides: dict) -> None:
     constructor will check them; a refused value from the file is named by its DeepSpeed key."""
     from_file = {_RENAMED.get(k, k) for k in settings if k not in overrides}
     names = {f: _DEEPSPEED_NAMES[f] if f in from_file else _FIELD_NAMES.get(f, f) for f in _KEYS}
-    given = {**settings, **{k: v for k, v in overrides.items() if k in ENGINE_DEFAULTS}}
-    config = {
-        _RENAMED.get(k, k): "auto" if v is None and k in _RENAMED else v
-        for k, v in given.items()
-        if (k, v) != ("loss_scaling", "auto")  # ZenFlowAdamW's own word
-    }
-    _engine_check(config, names=names)
+    keywords = {k: v for k, v in overrides.items() if k in ENGINE_DEFAULTS}
+    check_settings({**ENGINE_DEFAULTS, **settings, **keywords}, names)
     if not {"lr", "betas", "eps", "weight_decay"} & overrides.keys():
-        defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-        check_hyperparameters(**{**defaults, **hyper}, where="optimizer.params.")
+        # valid stand-ins for what the file does not give (the constructor checks its own)
+        stand_ins = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+        check_hyperparameters(**{**stand_ins, **hyper}, where="optimizer.params.")

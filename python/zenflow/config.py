@@ -56,12 +56,13 @@ def check_hyperparameters(
     _engine_check({"beta1": betas[0], "beta2": betas[1], "eps": eps}, where, names)
 
 
-def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """ZenFlowAdamW's zenflow keywords (all of ENGINE_DEFAULTS' keys), checked by the engine."""
+def check_settings(settings: dict[str, Any], names: dict = _FIELD_NAMES) -> dict[str, Any]:
+    """ZenFlowAdamW's zenflow keywords (all of ENGINE_DEFAULTS' keys), checked by the engine;
+    a refused field is named by `names` (engine field -> name; default: the keyword)."""
     engine = engine_config(settings, (0.9, 0.999), 1e-8, "none")
     if settings["loss_scaling"] not in ("auto", *_KEYS["loss_scaling"]["choices"]):
         engine["loss_scaling"] = settings["loss_scaling"]  # the engine names the bad value
-    checked = _engine_check(engine)
+    checked = _engine_check(engine, names=names)
     out = {key: checked[_RENAMED.get(key, key)] for key in ENGINE_DEFAULTS}
     out.update({key: None for key in _RENAMED if out[key] == "auto"})
     return {**out, "loss_scaling": settings["loss_scaling"]}

@@ -185,10 +185,6 @@ def _held_out(model: torch.nn.Module, held: torch.Tensor, size: ScratchSize, bat
     return statistics.fmean(losses)
 
 
-def _groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    return demo.param_groups(model, weight_decay)
-
-
 def train_scratch(
     arch: str,
     size: ScratchSize,
@@ -207,7 +203,7 @@ def train_scratch(
     (ZenFlowAdamW with `options`). Same seed: same initial weights and batches."""
     train, held = scratch_text()
     model = build(arch, size, seed)
-    groups = _groups(model, weight_decay)
+    groups = demo.param_groups(model, weight_decay)
     if optimizer == "adamw":
         opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr)
     else:
@@ -267,6 +263,7 @@ def finetune(
     size = demo.PRESETS[model_size]
     ids, info = demo.tokens(size.vocab, config.cache)
     start = demo.pretrained(config, ids, info.pop("folder"))
+    # The last argument is the copy bandwidth, used only for the demo's timing columns.
     record = demo.run_one("adamw" if options is None else "zenflow", config, ids, start, 1.0)
     return {
         "held_out": record["final_held_out_loss"],
