@@ -5,6 +5,8 @@
 //            AdamW, pack and scatter, device-to-device copies
 //   down     a non-blocking stream of the backend's: staging slots and readbacks to the host
 //   up       a second non-blocking stream: the upload buffer and state uploads
+//   reduce   a third, made at its first use: data parallel's gradient reductions during
+//            backward (compute_on), so that the caller's stream runs the rest of the backward
 //
 // Every hand-over between the lanes is a CUDA event the engine records and waits for
 // (Backend::record / wait); the host lane waits for a slot's copy with cudaEventSynchronize
@@ -155,6 +157,7 @@ class CudaBackend final : public Backend {
     const ScopedDeviceNoThrow guard(device_);
     cudaStreamDestroy(down_);
     cudaStreamDestroy(up_);
+    if (reduce_ != nullptr) cudaStreamDestroy(reduce_);
   }
 
   size_t column_stats_workspace_bytes(const zf_tensor* params, size_t count) override {
@@ -168,13 +171,13 @@ class CudaBackend final : public Backend {
     // a bias [n] is [1, n], a [5, 3, 4] weight is [5, 12].
     const std::vector<zf_tensor>& views = matrix_views(grads, plan.size());
     cuda_ops().column_stats(views.data(), col_sq, plan.size(), total_sq, nonfinite, device_, false, workspace,
-                            workspace_bytes, compute_);
+                            workspace_bytes, ops_stream());
   }
 
   void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
                     int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
     const ScopedDevice guard(device_);
-    step_scalars_kernel<<<1, kScalarThreads, 0, static_cast<cudaStream_t>(compute_)>>>(
+    step_scalars_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(
         scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
     check_launch("step_scalars_kernel");
   }
@@ -182,7 +185,7 @@ class CudaBackend final : public Backend {
   void scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
                       int64_t flag_count, double* chunk_sums) override {
     const ScopedDevice guard(device_);
-    scalar_partial_kernel<<<1, kScalarThreads, 0, static_cast<cudaStream_t>(compute_)>>>(partial, col_sq, columns,
+    scalar_partial_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(partial, col_sq, columns,
                                                                                          flags, flag_count, chunk_sums);
     check_launch("scalar_partial_kernel");
   }
@@ -190,7 +193,7 @@ class CudaBackend final : public Backend {
   void combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
                        double max_grad_norm) override {
     const ScopedDevice guard(device_);
-    combine_scalars_kernel<<<1, 1, 0, static_cast<cudaStream_t>(compute_)>>>(scalars, partials, count, loss_scale,
+    combine_scalars_kernel<<<1, 1, 0, stream(Lane::kCompute)>>>(scalars, partials, count, loss_scale,
                                                                              max_grad_norm);
     check_launch("combine_scalars_kernel");
   }
@@ -225,7 +228,7 @@ class CudaBackend final : public Backend {
     const AdamwSelectedArgs args{params_.data(), grads_.data(),        selected_.data(),     states_.data(),
                                  count,          lr_.data(),           weight_decay_.data(), nullptr,
                                  plan.hparams(), &scalars->grad_scale, &scalars->skip,       device_};
-    cuda_ops().adamw_selected_columns(args, compute_);
+    cuda_ops().adamw_selected_columns(args, ops_stream());
   }
 
   void pack(const PackPlan& plan, const zf_tensor* matrices, const int32_t* const* selected, void* packed) override {
@@ -304,6 +307,7 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(stream(Lane::kCompute)), "cudaStreamSynchronize(compute)");
     check_cuda(cudaStreamSynchronize(down_), "cudaStreamSynchronize(down)");
     check_cuda(cudaStreamSynchronize(up_), "cudaStreamSynchronize(up)");
+    if (reduce_ != nullptr) check_cuda(cudaStreamSynchronize(reduce_), "cudaStreamSynchronize(reduce)");
   }
 
   void bind_engine_thread() override { check_cuda(zf::bind_engine_thread(runtime(), device_), "cudaSetDevice"); }
@@ -323,7 +327,15 @@ class CudaBackend final : public Backend {
   }
 
   bool host_visible() const override { return false; }
-  zf_stream compute_stream() const override { return compute_; }
+  zf_stream compute_stream() const override { return ops_stream(); }
+
+  void compute_on(Lane lane) override {
+    if (lane == Lane::kReduce && reduce_ == nullptr) {
+      const ScopedDevice guard(device_);
+      check_cuda(cudaStreamCreateWithFlags(&reduce_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(reduce)");
+    }
+    on_reduce_lane_ = lane == Lane::kReduce;
+  }
 
   void set_stream(zf_stream stream) override {
     if (stream == compute_) return;
@@ -377,10 +389,14 @@ class CudaBackend final : public Backend {
         return down_;
       case Lane::kUp:
         return up_;
+      case Lane::kReduce:
+        return reduce_;
       default:
-        return static_cast<cudaStream_t>(compute_);
+        return on_reduce_lane_ ? reduce_ : static_cast<cudaStream_t>(compute_);
     }
   }
+  // Where the compute lane's ops run now: the caller's stream, or the reduction lane.
+  zf_stream ops_stream() const { return stream(Lane::kCompute); }
 
   const std::vector<zf_tensor>& matrix_views(const zf_tensor* tensors, size_t count) {
     views_.resize(count);
@@ -402,13 +418,14 @@ class CudaBackend final : public Backend {
       selected_[i] = device_tensor(selected[i], ZF_DTYPE_I32, device_, layout[i].selected, -1);
     const zf_dtype dtype = count > 0 ? matrices[0].dtype : ZF_DTYPE_F32;
     const zf_tensor packed_tensor = device_tensor(packed, dtype, device_, layout.total(), -1);
-    cuda_ops().pack_or_scatter_columns(matrices, selected_.data(), layout, packed_tensor, nullptr, to_packed, compute_);
+    cuda_ops().pack_or_scatter_columns(matrices, selected_.data(), layout, packed_tensor, nullptr, to_packed, ops_stream());
   }
 
   int device_;
   std::shared_ptr<EventPool> events_;
   zf_stream compute_ = nullptr;  // the caller's stream; nullptr = the legacy default stream
-  cudaStream_t down_ = nullptr, up_ = nullptr;
+  cudaStream_t down_ = nullptr, up_ = nullptr, reduce_ = nullptr;
+  bool on_reduce_lane_ = false;  // compute_on(Lane::kReduce) until compute_on(Lane::kCompute)
   ThreadPool pool_;
   // argument arrays, kept for capacity (the launchers read them during the call only)
   std::vector<zf_tensor> params_, grads_, selected_, views_;

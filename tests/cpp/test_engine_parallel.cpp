@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -179,9 +181,20 @@ struct RankRun {
   std::vector<HostTensor> params_after_save;    // save_at_end: the parameters after the save's flush
   zf_engine_stats final_stats{};
   std::string error;
+  // Split forms: per step, the parameters whose gradient was already reduced (changed in
+  // place) when the last one was handed over, before end_step.
+  std::vector<size_t> reduced_before_end;
 };
 
+// How a rank hands its gradients over: a plain step, a split step (begin_step, one submit
+// per parameter, end_step) or readiness (mark_ready per parameter, end_step_with). The split
+// forms go in backward order (the last parameter first) on rank 0 and in a shuffled order on
+// the others, so that buckets fill in different orders on different ranks.
+enum class Form { kPlain, kSplit, kReady };
+
 struct RunOptions {
+  Form form = Form::kPlain;
+  int plain_rank = -1;                   // this rank steps plainly whatever the form
   int64_t first_step = 1;                // the global index of the first step (learning rates)
   bool probe = false;                    // save after every step
   bool save_at_end = false;              // save once after the last step
@@ -207,7 +220,31 @@ void run_engine(const Model& start, const zf_engine_config& config, InProcessGro
     for (size_t s = 0; s < stream.size(); ++s) {
       at = "at step " + std::to_string(options.first_step + static_cast<int64_t>(s));
       std::vector<HostTensor> g = group != nullptr ? stream[s].rank[static_cast<size_t>(rank)] : stream[s].mean;
-      engine.step(tensors_of(g), step_lrs(model, options.first_step + static_cast<int64_t>(s)));
+      const std::vector<double> lrs = step_lrs(model, options.first_step + static_cast<int64_t>(s));
+      std::vector<zf_tensor> tensors = tensors_of(g);
+      if (options.form == Form::kPlain || rank == options.plain_rank) {
+        engine.step(tensors, lrs);
+      } else {
+        std::vector<size_t> order(tensors.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+        std::mt19937_64 rng(static_cast<uint64_t>(rank * 1000 + static_cast<int>(s)));
+        if (rank != 0) std::shuffle(order.begin(), order.end(), rng);
+        engine.begin_step(lrs);
+        for (size_t i : order) {
+          if (options.form == Form::kSplit)
+            zenflow::check(zf_engine_submit(engine.get(), i, &tensors[i], 1));
+          else
+            zenflow::check(zf_engine_mark_ready(engine.get(), i, &tensors[i]));
+        }
+        size_t changed = 0;
+        for (size_t i = 0; i < g.size(); ++i)
+          changed += g[i].bitwise_equal(stream[s].rank[static_cast<size_t>(rank)][i]) ? 0 : 1;
+        out.reduced_before_end.push_back(changed);
+        if (options.form == Form::kSplit)
+          engine.end_step();
+        else
+          zenflow::check(zf_engine_end_step_with(engine.get(), tensors.data(), tensors.size()));
+      }
       out.params.push_back(model.params);
       out.grads.push_back(std::move(g));
       out.stats.push_back(engine.stats());
@@ -630,6 +667,103 @@ INSTANTIATE_TEST_SUITE_P(Sweep, EngineParallelTrajectory, ::testing::ValuesIn(tr
                          [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return case_name(info.param); });
 INSTANTIATE_TEST_SUITE_P(SaveEveryStep, EngineParallelTrajectory, ::testing::ValuesIn(probe_cases()),
                          [](const ::testing::TestParamInfo<TrajectoryCase>& info) { return case_name(info.param); });
+
+// ---- the split step: each bucket reduced as it fills, during backward ----
+
+struct SplitCase {
+  int world;
+  Dtypes dtypes;
+  int64_t update_interval;
+  bool overlap;
+  Form form;
+  int plain_rank;  // a rank whose backward handed nothing over: it steps plainly
+};
+
+std::string split_case_name(const SplitCase& c) {
+  std::ostringstream s;
+  s << "world" << c.world << "_" << dtypes_name(c.dtypes) << "_interval" << c.update_interval
+    << (c.overlap ? "_overlap" : "_serial") << (c.form == Form::kSplit ? "_submit" : "_ready");
+  if (c.plain_rank >= 0) s << "_plain" << c.plain_rank;
+  return s.str();
+}
+
+void PrintTo(const SplitCase& c, std::ostream* os) { *os << split_case_name(c); }
+
+class EngineParallelSplit : public ::testing::TestWithParam<SplitCase> {};
+
+// The buckets are reduced in one order on every rank (the last first) whatever order their
+// gradients come in, and a rank in a plain step follows the split form: the same collectives
+// on every rank, and the result of plain steps bit for bit (selection steps, windows, the
+// dense parameters, several buckets through a ring of two slots).
+TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
+  const SplitCase c = GetParam();
+  const std::string label = split_case_name(c);
+  const Model model = parallel_model(c.dtypes);
+  zf_engine_config config = parallel_config(TrajectoryCase{c.world, c.dtypes, 0.3, c.update_interval, c.overlap,
+                                                           true, false});
+  config.bucket_bytes = 64;
+  config.staging_slots = 2;
+  const int64_t steps = 10;
+  const std::vector<StepGrads> stream = make_grad_stream(model, c.world, 1, steps);
+  RunOptions plain_options, split_options;
+  plain_options.probe = split_options.probe = true;
+  split_options.form = c.form;
+  split_options.plain_rank = c.plain_rank;
+  InProcessGroup plain_group(c.world), split_group(c.world);
+  const std::vector<RankRun> plain = run_parallel(model, config, plain_group, stream, plain_options);
+  const std::vector<RankRun> split = run_parallel(model, config, split_group, stream, split_options);
+  EXPECT_EQ(split_group.timeouts(), 0) << label;
+  EXPECT_EQ(split_group.mismatches(), 0) << label << ": the ranks' collectives differ";
+  for (int r = 0; r < c.world; ++r) {
+    const RankRun& want = plain[static_cast<size_t>(r)];
+    const RankRun& got = split[static_cast<size_t>(r)];
+    ASSERT_TRUE(want.error.empty()) << label << ": " << want.error;
+    ASSERT_TRUE(got.error.empty()) << label << ": rank " << r << ": " << got.error;
+    ASSERT_EQ(got.params.size(), want.params.size()) << label;
+    for (size_t s = 0; s < want.params.size(); ++s) {
+      for (size_t i = 0; i < want.params[s].size(); ++i) {
+        ASSERT_TRUE(got.params[s][i].bitwise_equal(want.params[s][i]))
+            << label << ": rank " << r << ", param " << i << " after step " << s + 1;
+        ASSERT_TRUE(got.grads[s][i].bitwise_equal(want.grads[s][i]))
+            << label << ": rank " << r << ", the reduced gradient of param " << i << " at step " << s + 1;
+      }
+      const zenflow::EngineState& a = got.saves[s];
+      const zenflow::EngineState& b = want.saves[s];
+      ASSERT_EQ(a.storage.size(), b.storage.size());
+      for (size_t e = 0; e < a.storage.size(); ++e)
+        ASSERT_EQ(a.storage[e], b.storage[e]) << label << ": rank " << r << ", state entry " << e << " after step "
+                                              << s + 1;
+      ASSERT_EQ(a.counters, b.counters) << label << ": rank " << r << " after step " << s + 1;
+    }
+    EXPECT_EQ(got.final_stats.collective_bytes_gradients, want.final_stats.collective_bytes_gradients) << label;
+    if (r != c.plain_rank) {
+      // The buckets were reduced during "backward": every matrix but the first (the last to
+      // arrive on rank 0, whose bucket waits for it) was reduced before end_step on some step.
+      ASSERT_EQ(got.reduced_before_end.size(), static_cast<size_t>(steps)) << label;
+      EXPECT_GT(*std::max_element(got.reduced_before_end.begin(), got.reduced_before_end.end()), 2u)
+          << label << ": rank " << r << " reduced nothing before end_step";
+    }
+    EXPECT_EQ(got.final_stats.reselections, want.final_stats.reselections) << label;
+  }
+  EXPECT_GT(plain[0].final_stats.reselections, 0) << label << ": the run must re-select";
+}
+
+std::vector<SplitCase> split_cases() {
+  std::vector<SplitCase> out;
+  for (int world : {2, 3})
+    for (Dtypes d : {Dtypes::kF32, Dtypes::kMixed})
+      for (int64_t interval : {1, 3, 0})
+        for (bool overlap : {true, false}) out.push_back(SplitCase{world, d, interval, overlap, Form::kSplit, -1});
+  for (int world : {2, 3}) {
+    out.push_back(SplitCase{world, Dtypes::kBF16, 3, true, Form::kReady, -1});
+    out.push_back(SplitCase{world, Dtypes::kMixed, 0, true, Form::kSplit, world - 1});
+    out.push_back(SplitCase{world, Dtypes::kMixed, 3, false, Form::kReady, 0});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, EngineParallelSplit, ::testing::ValuesIn(split_cases()),
+                         [](const ::testing::TestParamInfo<SplitCase>& info) { return split_case_name(info.param); });
 
 TEST(EngineParallel, WorldSizeOneIsBitwiseASingleEngine) {
   const Model model = parallel_model(Dtypes::kMixed);
@@ -1135,7 +1269,7 @@ TEST(EngineParallel, RanksInDifferentCallsAllRaiseAndNothingRuns) {
 
 // A refusal in begin_step or submit on one rank waits for end_step's agreement, where every
 // rank raises together: raised at once, it would leave the other ranks waiting there.
-TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
+TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsOnEveryRankInTheSameCall) {
   const int world = 3;
   const Model model = parallel_model(Dtypes::kMixed);
   zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kMixed, 0.3, 2, true, false, false});
@@ -1145,7 +1279,7 @@ TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
   InProcessGroup group(world, 5.0);
   struct Log {
     std::vector<zf_status> begin, submit, end;  // per step
-    std::vector<std::string> end_message;
+    std::vector<std::string> begin_message, end_message;
   };
   std::vector<Log> logs(world);
   std::vector<std::string> errors;
@@ -1163,6 +1297,7 @@ TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
       HostTensor wrong(mine.params[0].dtype == ZF_DTYPE_F32 ? ZF_DTYPE_BF16 : ZF_DTYPE_F32, mine.params[0].shape);
       if (r == 1 && t == bad_submit_step) tensors[0] = wrong.tensor();
       log.begin.push_back(zf_engine_begin_step(engine.get(), lrs.data(), lrs.size()));
+      log.begin_message.push_back(log.begin.back() == ZF_SUCCESS ? "" : zf_last_error());
       zf_status submitted = ZF_SUCCESS;
       for (size_t i = tensors.size(); i > 0 && submitted == ZF_SUCCESS; --i)  // backward order
         submitted = zf_engine_submit(engine.get(), i - 1, &tensors[i - 1], 1);
@@ -1181,12 +1316,14 @@ TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
     ASSERT_EQ(log.end.size(), static_cast<size_t>(steps)) << "rank " << r;
     for (int64_t t = 1; t <= steps; ++t) {
       const size_t s = static_cast<size_t>(t - 1);
-      EXPECT_EQ(log.begin[s], ZF_SUCCESS) << "rank " << r << " raised in begin_step at step " << t;
-      EXPECT_EQ(log.submit[s], ZF_SUCCESS) << "rank " << r << " raised in submit at step " << t;
-      // Every rank ends each step alike: the refused submit's step fails everywhere, then the
-      // lane's fault (found within a few steps) fails every later step everywhere.
+      // Every rank fails each step in the same call: begin_step (where the ranks agree before
+      // their buckets' collectives start) or end_step (the folded agreement); submit never.
+      EXPECT_EQ(log.begin[s] == ZF_SUCCESS, logs[0].begin[s] == ZF_SUCCESS) << "rank " << r << ", step " << t;
       EXPECT_EQ(log.end[s] == ZF_SUCCESS, logs[0].end[s] == ZF_SUCCESS) << "rank " << r << ", step " << t;
+      EXPECT_EQ(log.submit[s], ZF_SUCCESS) << "rank " << r << " raised in submit at step " << t;
+      if (log.begin[s] != ZF_SUCCESS) EXPECT_NE(log.end[s], ZF_SUCCESS) << "rank " << r << ", step " << t;
     }
+    EXPECT_EQ(log.begin[bad_submit_step - 1], ZF_SUCCESS) << "rank " << r;
     EXPECT_NE(log.end[bad_submit_step - 1], ZF_SUCCESS) << "rank " << r;
     EXPECT_EQ(log.end[bad_submit_step], ZF_SUCCESS) << "rank " << r << ": the retry after the refusal";
     if (r == 1) {
@@ -1195,7 +1332,17 @@ TEST(EngineParallel, ASplitStepRefusedOnOneRankFailsAtEndStepOnEveryRank) {
     } else {
       EXPECT_TRUE(names_rank_one(log.end_message[bad_submit_step - 1])) << log.end_message[bad_submit_step - 1];
     }
-    EXPECT_NE(log.end[steps - 1], ZF_SUCCESS) << "rank " << r << ": the lane's fault was never raised";
+    // The lane's fault (found within a few steps) fails begin_step everywhere from then on.
+    EXPECT_NE(log.begin[steps - 1], ZF_SUCCESS) << "rank " << r << ": the lane's fault was never raised";
+    size_t first_fault = static_cast<size_t>(fault_step - 1);
+    while (first_fault < log.begin.size() && log.begin[first_fault] == ZF_SUCCESS) ++first_fault;
+    ASSERT_LT(first_fault, log.begin.size());
+    if (r == 1) {
+      EXPECT_NE(log.begin_message[first_fault].find("rank one's lane"), std::string::npos)
+          << log.begin_message[first_fault];
+    } else {
+      EXPECT_TRUE(names_rank_one(log.begin_message[first_fault])) << log.begin_message[first_fault];
+    }
   }
 }
 

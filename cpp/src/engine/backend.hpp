@@ -7,7 +7,8 @@
 //   HostBackend   the "device" is the CPU: every call completes before it returns, events
 //                 are always complete (nullptr), device memory is host memory.
 //   CudaBackend   compute on the caller's stream, copies on two streams of the engine's,
-//                 events are CUDA events (cuda_backend.cpp; CUDA builds only).
+//                 data parallel's in-backward reductions on a third, events are CUDA events
+//                 (cuda_backend.cpp; CUDA builds only).
 //   the simulated asynchronous backend of the tests, which runs each lane's work lazily and
 //   in a random interleaving, so a missing record / wait changes the results.
 //
@@ -37,7 +38,8 @@ class BackendEvent {
 };
 using Event = std::shared_ptr<BackendEvent>;
 
-enum class Lane { kCompute = 0, kDown = 1, kUp = 2 };
+// kReduce: data parallel's gradient reductions during backward (Backend::compute_on).
+enum class Lane { kCompute = 0, kDown = 1, kUp = 2, kReduce = 3 };
 
 class Backend {
  public:
@@ -107,6 +109,11 @@ class Backend {
   virtual void set_stream(zf_stream stream) = 0;
   // The compute lane's stream, given to the collectives (data parallel); nullptr on the host.
   virtual zf_stream compute_stream() const { return nullptr; }
+  // Data parallel reduces each bucket's gradients while backward goes on (step.cpp): with
+  // Lane::kReduce, every compute-lane op, compute_stream() and record / wait of kCompute run
+  // on the reduction lane, until compute_on(Lane::kCompute). The caller's stream is then free
+  // for the rest of the backward; the engine orders the two lanes with events.
+  virtual void compute_on(Lane lane) { (void)lane; }
   virtual void* allocate_device(size_t bytes) = 0;  // when the caller attaches none
   virtual void free_device(void* memory) = 0;
   // Host memory a copy lane reads or writes (page-locked on CUDA).

@@ -342,7 +342,7 @@ void Engine::setup_buckets_and_memory() {
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
   scalar_ring_offset_ = take(kScalarRecords * sizeof(StepScalars));
-  flags_offset_ = take(flag_count() * 4);  // one per statistics pass, at its first parameter
+  flags_offset_ = take((flag_count() + agreement_slots()) * 4);  // one per statistics pass, at its first parameter
   total_sink_offset_ = take(4);
   chunk_sums_offset_ =
       take(static_cast<size_t>(std::max<int64_t>(1, column_chunks(static_cast<int64_t>(col_sq_floats_)))) * 8);

@@ -78,11 +78,19 @@ class Engine {
   void attach_device_memory(void* memory, size_t bytes);
 
   void step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count);
-  // Data parallel: begin_step's and submit's refusals wait for end_step's agreement.
+  // Data parallel: begin_step agrees with the other ranks (its refusal fails every rank
+  // there); submit's refusals wait for end_step, whose agreement rides on the statistics'
+  // all-reduce; abort_step of an open split step joins end_step's collectives as refused.
   void begin_step(const double* lrs, size_t lr_count);
   void submit(size_t first, const zf_tensor* grads, size_t count);
   void end_step();
   void abort_step();
+  // Readiness (engine_group.cpp): parameter `index`, already submitted in this split step,
+  // got more gradient. Data parallel reads a submitted gradient when its bucket is reduced:
+  // before that the new one is simply read (its descriptor replaces the submitted one);
+  // after, the step cannot be taken from it, and end_step refuses it on every rank.
+  void late_gradient(size_t index, const zf_tensor& grad);
+  bool data_parallel() const { return parallel(); }
   void flush();
   // zf_engine_set_hyperparameters: the checks, then the values of later steps.
   void check_hyperparameters(double beta1, double beta2, double eps, const double* weight_decays,
@@ -93,7 +101,9 @@ class Engine {
   // The calls that start with an agreement (zf_engine_call's values): their collectives follow
   // it, so every rank must be in the same one (a rank flushing while another steps would run
   // other collectives).
-  enum class Agreement : int32_t { kStep = 1, kFlush = 2, kSave = 3, kLoad = 4 };
+  // kSplitStep: begin_step in data parallel. A rank in a plain step meets it as one call
+  // (step() then goes through the split form: the ranks' collectives are the split step's).
+  enum class Agreement : int32_t { kStep = 1, kFlush = 2, kSave = 3, kLoad = 4, kSplitStep = 5 };
 
   // ---- one step in phases, for a group over several devices (engine_group.cpp) ----
   // step(): the checks, then run_step, which runs the three phases back to back inside
@@ -331,6 +341,8 @@ class Engine {
   void fail_sticky(zf_status status, const std::string& message);
   // Non-finite flags: one slot per parameter (a statistics pass writes the slot of its first).
   size_t flag_count() const { return std::max<size_t>(1, params_.size()); }
+  // Data parallel: end_step's agreement, one slot per rank after the flags (share_statistics).
+  size_t agreement_slots() const { return parallel() ? static_cast<size_t>(world_) : 0; }
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
@@ -344,10 +356,39 @@ class Engine {
   // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
   // whether any failed and whether all are in the same call: a local failure is rethrown,
   // another rank's raises naming it, and ranks in different calls all raise (nothing ran).
-  void agree(Agreement call, const std::function<void()>& checks);
+  // Returns whether another rank is in a split step while this one steps plainly (or the
+  // reverse), which agree() counts as the same call.
+  bool agree(Agreement call, const std::function<void()>& checks);
+  // After an exchange of one slot per rank (call * 4 + 0, 1 refused, 2 sticky): rethrows
+  // `local`, else raises if ranks are in different calls or one failed. Returns as agree().
+  bool judge_agreement(Agreement call, const std::vector<int32_t>& slots, const std::exception_ptr& local);
   void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
+  // In place in the gradients: the dense ones, and a bucket's matrices (whole: every column
+  // all-reduced). grads nullptr: this rank adds zeros and keeps nothing (a refused rank that
+  // joins the collectives the others run).
   void reduce_gradients(const zf_tensor* grads, bool whole);
+  void reduce_dense(const zf_tensor* grads);
+  void reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole);
+  // The matrices' column sums, then the flags, all-reduced; in a split step the flags carry
+  // end_step's agreement (one slot per rank after them), checked here.
   void share_statistics();
+  // The split step's in-backward reductions: buckets in a fixed order every rank follows
+  // (the last first: backward's), each on the reduction lane once its matrices are all
+  // submitted (reduce_ready_buckets) or at end_step (reduce_remaining_buckets).
+  Bucket& bucket_in_reduce_order(size_t n) { return buckets_[buckets_.size() - 1 - n]; }
+  void reduce_ready_buckets();
+  void reduce_remaining_buckets(bool zeros);
+  void reduce_bucket_in_backward(Bucket& b, bool zeros);
+  void bucket_statistics(const Bucket& b, const zf_tensor* grads);
+  void dense_statistics(const zf_tensor* grads);
+  // A rank that refuses the end of its split step still runs the collectives the others run
+  // (zeros), then the folded agreement, which raises on every rank.
+  [[noreturn]] void end_split_step_refused(const std::exception_ptr& local);
+  void step_as_split(const zf_tensor* grads, const double* lrs, size_t lr_count);
+  // A split step's bookkeeping of its buckets (the early path's and data parallel's), and its
+  // non-finite flags and agreement slots zeroed.
+  void start_split_reductions();
+  void drop_split_step();
   void gather_upload(Bucket& b);
   // Sums `array_count` float arrays of `floats_each` and `steps` over the ranks (selection).
   void share_entering_columns(float* const* arrays, size_t array_count, size_t floats_each, int32_t* steps,
@@ -457,9 +498,17 @@ class Engine {
   zf_engine_collectives comm_{};
   int world_ = 1, rank_ = 0;
   bool in_parallel_step_ = false;  // mid-step: a host-lane failure waits for the next agreement
-  // Data parallel: the first refusal of begin_step or submit, raised at end_step's agreement
-  // (on every rank) instead of on this rank alone, which would leave the others waiting there.
+  // Data parallel: the first refusal of submit (or a late gradient), raised at end_step's
+  // agreement (on every rank) instead of on this rank alone, which would leave the others
+  // waiting there.
   std::exception_ptr deferred_split_error_;
+  // Data parallel split step: its buckets are reduced as they fill (reduce_ready_buckets);
+  // split_select_: it is a selection step (every column all-reduced); buckets_reduced_: how
+  // many, in bucket_in_reduce_order; bucket_reduced_: per bucket (a late gradient there is
+  // refused); fold_agreement_: end_step's agreement rides on share_statistics.
+  bool reduce_in_backward_ = false, split_select_ = false, fold_agreement_ = false;
+  size_t buckets_reduced_ = 0;
+  std::vector<uint8_t> bucket_reduced_;
   bool update_pending_ = false;  // a host update was started whose upload has not run
   size_t reduce_offset_ = 0, reduce_bytes_ = 0, shard_offset_ = 0, shard_bytes_ = 0, health_offset_ = 0,
          exchange_offset_ = 0, exchange_bytes_ = 0, lists_offset_ = 0;

@@ -215,6 +215,9 @@ void EngineGroup::mark_ready(size_t index, const zf_tensor* grad) {
   require(index < param_count_, ZF_ERROR_INVALID_VALUE, "mark_ready: parameter ", index, " out of range (",
           param_count_, " parameters)");
   require(grad != nullptr, ZF_ERROR_INVALID_VALUE, "grad: NULL");
+  // Data parallel reads a submitted gradient when its bucket is reduced: the engine takes a
+  // later one, or refuses the step on every rank when its bucket was reduced already.
+  if (engines_[0]->data_parallel() && ready_.is_submitted(index)) engines_[0]->late_gradient(index, *grad);
   ready_grads_[index] = *grad;
   const ReadyRuns::Range run = ready_.mark(index, gradient_bytes(*grad), engines_[0]->config().bucket_bytes);
   if (run.empty()) return;
@@ -228,7 +231,7 @@ void EngineGroup::end_step_with(const zf_tensor* grads, size_t count) {
   require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
           " parameters");
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
-  if (ready_.arrived_after_submit() < param_count_) {
+  if (ready_.arrived_after_submit() < param_count_ && !engines_[0]->data_parallel()) {
     // A gradient grew after its run was submitted (a parameter used twice in backward:
     // shared weights, reentrant checkpointing). What was submitted is not the gradient
     // autograd accumulated: the step is taken again, whole, from the final gradients (a

@@ -198,17 +198,28 @@ const char* agreement_name(int32_t call) {
       return "a save";
     case 4:
       return "a load";
+    case 5:
+      return "a step overlapped with backward";
     default:
       return "no engine call";
   }
 }
 
+constexpr int32_t kStepCall = static_cast<int32_t>(Engine::Agreement::kStep);
+constexpr int32_t kSplitCall = static_cast<int32_t>(Engine::Agreement::kSplitStep);
+
+// A plain step meets a split step's begin as the same call: it then takes the split form.
+bool same_call(int32_t a, int32_t b) {
+  const auto step = [](int32_t c) { return c == kStepCall || c == kSplitCall; };
+  return a == b || (step(a) && step(b));
+}
+
 }  // namespace
 
-void Engine::agree(Agreement call, const std::function<void()>& checks) {
+bool Engine::agree(Agreement call, const std::function<void()>& checks) {
   if (!parallel()) {
     checks();
-    return;
+    return false;
   }
   // Every rank reaches this point once per call that runs collectives. Each writes its slot:
   // the call it is in, times 4, plus 0, a refused call (1) or a sticky failure (2); the sum
@@ -223,20 +234,27 @@ void Engine::agree(Agreement call, const std::function<void()>& checks) {
     local_flag = sticky_ ? 2 : 1;
   }
   ensure_device_memory();
-  std::vector<int32_t> flags(static_cast<size_t>(world_), 0);
-  const auto own_call = static_cast<int32_t>(call);
-  flags[static_cast<size_t>(rank_)] = own_call * 4 + local_flag;
+  std::vector<int32_t> slots(static_cast<size_t>(world_), 0);
+  slots[static_cast<size_t>(rank_)] = static_cast<int32_t>(call) * 4 + local_flag;
   const auto start = std::chrono::steady_clock::now();
-  upload(device_ + health_offset_, flags.data(), flags.size() * 4);
-  all_reduce(device_ + health_offset_, flags.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
-  download(flags.data(), device_ + health_offset_, flags.size() * 4);
+  upload(device_ + health_offset_, slots.data(), slots.size() * 4);
+  all_reduce(device_ + health_offset_, slots.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  download(slots.data(), device_ + health_offset_, slots.size() * 4);
   if (!backend_->host_visible())
     stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return judge_agreement(call, slots, local);
+}
+
+bool Engine::judge_agreement(Agreement call, const std::vector<int32_t>& slots, const std::exception_ptr& local) {
   if (local) std::rethrow_exception(local);
+  const auto own_call = static_cast<int32_t>(call);
   std::string elsewhere;
+  bool other_form = false;
   for (int q = 0; q < world_; ++q) {
-    const int32_t other = flags[static_cast<size_t>(q)] / 4;
-    if (other == own_call) continue;
+    const int32_t other = slots[static_cast<size_t>(q)] / 4;
+    if (other == 0) continue;  // end_step's folded agreement: every rank is in that step
+    other_form = other_form || other != own_call;
+    if (same_call(other, own_call)) continue;
     elsewhere +=
         (elsewhere.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " in " + agreement_name(other);
   }
@@ -250,12 +268,12 @@ void Engine::agree(Agreement call, const std::function<void()>& checks) {
   std::string failed;
   bool sticky = false;
   for (int q = 0; q < world_; ++q) {
-    const int32_t flag = flags[static_cast<size_t>(q)] % 4;
+    const int32_t flag = slots[static_cast<size_t>(q)] % 4;
     if (flag == 0) continue;
     failed += (failed.empty() ? "" : ", ") + std::to_string(q);
     sticky = sticky || flag >= 2;
   }
-  if (failed.empty()) return;
+  if (failed.empty()) return other_form;
   const std::string message = "data parallel: rank(s) " + failed + " of " + std::to_string(world_) +
                               " failed in this call (see their error); rank " + std::to_string(rank_) +
                               " stops with them" + (sticky ? " (the engine refuses steps until it loads a state)" : "");
@@ -271,14 +289,29 @@ static_assert(static_cast<int>(Engine::Agreement::kStep) == ZF_ENGINE_CALL_STEP 
 
 void Engine::refuse(zf_engine_call call) {
   if (!parallel()) return;
-  agree(static_cast<Agreement>(call),
-        [] { fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank"); });
+  const auto refusal = [] { fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank"); };
+  if (call == ZF_ENGINE_CALL_STEP && in_split_step_) {
+    // The others are in this split step's collectives (or on their way): join them as refused.
+    std::exception_ptr local;
+    try {
+      refusal();
+    } catch (...) {
+      local = std::current_exception();
+    }
+    end_split_step_refused(local);
+  }
+  agree(static_cast<Agreement>(call), refusal);
 }
 
 void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
+  reduce_dense(grads);
+  for (Bucket& b : buckets_) reduce_bucket(b, grads, whole);
+}
+
+void Engine::reduce_dense(const zf_tensor* grads) {
+  // Consecutive dense gradients of one dtype share an all-reduce through the scratch; a
+  // larger one goes in pieces. Without gradients (a refused rank) the pieces are zeros.
   uint8_t* scratch = device_ + reduce_offset_;
-  // Dense gradients: consecutive ones of one dtype share an all-reduce through the scratch;
-  // a larger one goes in pieces.
   struct Piece {
     void* grad;
     size_t at, bytes;
@@ -287,7 +320,7 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
   size_t used = 0;
   zf_dtype run_dtype = ZF_DTYPE_F32;
   auto flush_run = [&]() {
-    if (run.empty()) return;
+    if (used == 0) return;
     all_reduce(scratch, used / zf_dtype_size(run_dtype), run_dtype, &collective_gradient_bytes_);
     for (const Piece& piece : run) backend_->copy_device(piece.grad, scratch + piece.at, piece.bytes);
     run.clear();
@@ -298,49 +331,65 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
     const zf_dtype dtype = p.tensor.dtype;
     const size_t element = zf_dtype_size(dtype);
     const size_t capacity = reduce_bytes_ / element * element;
-    auto* grad = static_cast<uint8_t*>(grads[d.param].data);
+    auto* grad = grads != nullptr ? static_cast<uint8_t*>(grads[d.param].data) : nullptr;
     size_t bytes = static_cast<size_t>(p.numel) * element;
     if (dtype != run_dtype) flush_run();
     run_dtype = dtype;
     while (bytes > 0) {
       if (used == capacity) flush_run();
       const size_t piece = std::min(bytes, capacity - used);
-      backend_->copy_device(scratch + used, grad, piece);
-      run.push_back(Piece{grad, used, piece});
+      if (grad != nullptr) {
+        backend_->copy_device(scratch + used, grad, piece);
+        run.push_back(Piece{grad, used, piece});
+        grad += piece;
+      } else {
+        backend_->fill_device_zero(scratch + used, piece);
+      }
       used += piece;
-      grad += piece;
       bytes -= piece;
     }
   }
   flush_run();
-  // Matrices, bucket by bucket, through the scratch.
-  for (Bucket& b : buckets_) {
-    const size_t element = zf_dtype_size(b.dtype);
-    bind_gradients(b, grads);
-    if (whole) {
-      backend_->pack(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
-      all_reduce(scratch, b.selected_elements + b.deferred_elements, b.dtype, &collective_gradient_bytes_);
-      backend_->scatter(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
-      continue;
-    }
-    if (b.selected_elements > 0) {
-      backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
-      all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
-      backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
-    }
-    if (b.deferred_elements > 0) {
-      for (int q = 0; q < world_; ++q)
-        backend_->pack(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
-                       b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
-                       scratch + static_cast<size_t>(q) * b.chunk_elements * element);
-      uint8_t* shard = device_ + shard_offset_;
-      const zf_status status =
-          comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
-      if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
-      add_saturating(collective_gradient_bytes_,
-                     static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
-      backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), shard);
-    }
+}
+
+void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
+  uint8_t* scratch = device_ + reduce_offset_;
+  const size_t element = zf_dtype_size(b.dtype);
+  const bool zeros = grads == nullptr;
+  if (!zeros) bind_gradients(b, grads);
+  auto gather = [&](const PackPlan& plan, const int32_t* const* skip, void* into, size_t elements) {
+    if (zeros)
+      backend_->fill_device_zero(into, elements * element);
+    else
+      backend_->pack(plan, b.matrix_tensors.data(), skip, into);
+  };
+  if (whole) {
+    const size_t elements = b.selected_elements + b.deferred_elements;
+    gather(*b.whole_pack, b.no_skip_ptrs.data(), scratch, elements);
+    all_reduce(scratch, elements, b.dtype, &collective_gradient_bytes_);
+    if (!zeros) backend_->scatter(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
+    return;
+  }
+  if (b.selected_elements > 0) {
+    gather(*b.selected_pack, b.deferred_ptrs.data(), scratch, b.selected_elements);
+    all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
+    if (!zeros) backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+  }
+  if (b.deferred_elements > 0) {
+    // Rank q's chunk at q * chunk_elements, each padded to the largest (zeros when this
+    // rank adds none); the pad is never scattered.
+    if (zeros) backend_->fill_device_zero(scratch, static_cast<size_t>(world_) * b.chunk_elements * element);
+    for (int q = 0; !zeros && q < world_; ++q)
+      backend_->pack(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
+                     b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
+                     scratch + static_cast<size_t>(q) * b.chunk_elements * element);
+    uint8_t* shard = device_ + shard_offset_;
+    const zf_status status =
+        comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
+    if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
+    add_saturating(collective_gradient_bytes_,
+                   static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
+    if (!zeros) backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), shard);
   }
 }
 
@@ -356,7 +405,23 @@ void Engine::share_statistics() {
     backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
   }
   all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
-  all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  if (!fold_agreement_) {
+    all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
+    return;
+  }
+  // A split step's end: the ranks agreed at begin_step and ran the same collectives since; a
+  // rank that refuses its end writes its slot after the flags (end_split_step_refused), a
+  // rank that goes on leaves its slot 0 (zeroed at begin_step: no upload, no wait). One
+  // all-reduce carries both, and the slots come back to the host: the step's only wait for
+  // the device before its decision.
+  fold_agreement_ = false;
+  all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  std::vector<int32_t> slots(agreement_slots(), 0);
+  const auto start = std::chrono::steady_clock::now();
+  download(slots.data(), device_int(flags_offset_) + flag_count(), slots.size() * 4);
+  if (!backend_->host_visible())
+    stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  judge_agreement(Agreement::kSplitStep, slots, nullptr);
 }
 
 void Engine::gather_upload(Bucket& b) {

@@ -20,8 +20,26 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // ---- the step ----
 
 void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
-  agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); });
+  if (agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); }))
+    return step_as_split(grads, lrs, lr_count);
   run_step(grads, lrs, false);
+}
+
+void Engine::step_as_split(const zf_tensor* grads, const double* lrs, size_t lr_count) {
+  // Data parallel: other ranks began a split step (their backward handed gradients over; this
+  // rank's had none to hand). Their collectives are the split step's, so this rank takes the
+  // same form, with every gradient at once. Its checks passed in the agreement; a host-lane
+  // failure found since still joins the others' collectives, as refused.
+  try {
+    open_split_step(lrs, lr_count);
+  } catch (...) {
+    const std::exception_ptr local = std::current_exception();
+    in_split_step_ = true;
+    start_split_reductions();
+    end_split_step_refused(local);
+  }
+  submit(0, grads, params_.size());
+  end_step();
 }
 
 void Engine::check_step_arguments(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
@@ -48,23 +66,14 @@ void Engine::check_counters_have_room() const {
 
 void Engine::begin_step(const double* lrs, size_t lr_count) {
   if (!parallel()) return open_split_step(lrs, lr_count);
-  // Data parallel: a refusal here (a host-lane failure found, bad learning rates) is raised
-  // at end_step's agreement, on every rank; the split step opens all the same, so that this
-  // rank's submits and end_step come as the others' do.
-  if (in_split_step_) {
-    if (!deferred_split_error_)
-      deferred_split_error_ =
-          std::make_exception_ptr(Error(ZF_ERROR_INVALID_VALUE, "begin_step: a split step is already open"));
-    return;
-  }
-  deferred_split_error_ = nullptr;
+  // Data parallel: the split step's collectives start at submit (its buckets are reduced as
+  // they fill), so the ranks agree first. A refusal fails every rank here; none stays open.
+  const bool was_open = in_split_step_;
   try {
-    open_split_step(lrs, lr_count);
+    agree(Agreement::kSplitStep, [&] { open_split_step(lrs, lr_count); });
   } catch (...) {
-    deferred_split_error_ = std::current_exception();
-    submitted_.assign(params_.size(), zf_tensor{});
-    submitted_flags_.assign(params_.size(), 0);
-    in_split_step_ = true;
+    if (!was_open && in_split_step_) drop_split_step();
+    throw;
   }
 }
 
@@ -78,19 +87,29 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   split_lrs_.assign(lrs, lrs + (lrs ? lr_count : 0));
   submitted_.assign(params_.size(), zf_tensor{});
   submitted_flags_.assign(params_.size(), 0);
+  deferred_split_error_ = nullptr;
   // A selection step needs every column sum before anything is packed: its work waits for
-  // end_step. Any other step starts at submit (the schedule is not advanced by a peek); a
-  // data-parallel one at end_step, where its gradients are reduced.
+  // end_step. Any other step starts at submit (the schedule is not advanced by a peek). A
+  // data-parallel one reduces each bucket as it fills, then takes its statistics and (but at
+  // a selection step) packs and copies it down.
   Schedule peek = schedule_;
   early_ = !peek.begin_step().select && !parallel();
-  if (early_) {
-    backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
-    bucket_pending_.assign(buckets_.size(), 0);
-    for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
-    bucket_early_.assign(buckets_.size(), 0);
-    early_buckets_.clear();
-  }
+  if (early_ || parallel()) start_split_reductions();
   in_split_step_ = true;
+}
+
+void Engine::start_split_reductions() {
+  ensure_device_memory();
+  Schedule peek = schedule_;
+  split_select_ = peek.begin_step().select;
+  reduce_in_backward_ = parallel();
+  buckets_reduced_ = 0;
+  backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
+  bucket_pending_.assign(buckets_.size(), 0);
+  for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
+  bucket_early_.assign(buckets_.size(), 0);
+  bucket_reduced_.assign(buckets_.size(), 0);
+  early_buckets_.clear();
 }
 
 ColumnStatsPlan& Engine::range_stats_plan(size_t first, size_t count) {
@@ -133,6 +152,13 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
   }
+  if (reduce_in_backward_) {
+    for (size_t j = 0; j < count; ++j) {
+      const Param& p = params_[first + j];
+      if (p.matrix) --bucket_pending_[matrices_[p.index].bucket];
+    }
+    return reduce_ready_buckets();
+  }
   if (!early_ || count == 0) return;
   // The range's statistics now; its flag goes to the slot of its first parameter.
   backend_->column_stats(range_stats_plan(first, count), grads, &col_sq_tensors_[first],
@@ -147,12 +173,77 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
 }
 
 void Engine::end_step() {
-  agree(Agreement::kStep, [&] {
-    if (deferred_split_error_) std::rethrow_exception(deferred_split_error_);
+  if (!parallel()) {
     check_end_step_arguments();
-  });
+    const StepInputs inputs = close_split_step();
+    return run_step(inputs.grads, inputs.lrs, inputs.stats_done);
+  }
+  // Data parallel: a rank with no split step open never agreed to one; its agreement meets
+  // the others' (begin_step's, or this call's on a rank that made the same mistake).
+  if (!in_split_step_) {
+    agree(Agreement::kStep, [&] { check_end_step_arguments(); });
+    return;  // not reached: the check refuses
+  }
+  std::exception_ptr local = deferred_split_error_;
+  if (!local) {
+    try {
+      check_end_step_arguments();
+      poll_host_lane();
+    } catch (...) {
+      local = std::current_exception();
+    }
+  }
+  if (local) end_split_step_refused(local);
+  try {
+    reduce_remaining_buckets(false);
+  } catch (...) {
+    drop_split_step();
+    throw;
+  }
   const StepInputs inputs = close_split_step();
-  run_step(inputs.grads, inputs.lrs, inputs.stats_done);
+  fold_agreement_ = true;
+  try {
+    run_step(inputs.grads, inputs.lrs, inputs.stats_done);
+  } catch (...) {
+    fold_agreement_ = reduce_in_backward_ = false;
+    throw;
+  }
+  reduce_in_backward_ = false;
+}
+
+void Engine::end_split_step_refused(const std::exception_ptr& local) {
+  // The same collectives as a rank that goes on (the buckets not reduced yet, the dense
+  // gradients, the column sums, the flags), with zeros, then this rank's slot in the folded
+  // agreement: every rank raises, nothing of the step is applied anywhere.
+  const ParallelStepScope scope(*this);
+  const int32_t flag = sticky_ ? 2 : 1;
+  try {
+    ensure_device_memory();
+    reduce_remaining_buckets(true);
+    reduce_dense(nullptr);
+    backend_->fill_device_zero(device_ + col_sq_offset_, matrix_col_floats_ * 4);
+    all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
+    backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
+    upload(device_int(flags_offset_) + flag_count() + rank_, &flag, 4);
+    all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  } catch (...) {
+    drop_split_step();
+    throw;  // a collective failed: the communicator's error, sticky
+  }
+  drop_split_step();
+  std::rethrow_exception(local);
+}
+
+void Engine::drop_split_step() {
+  cancel_early_buckets();
+  in_split_step_ = false;
+  reduce_in_backward_ = fold_agreement_ = false;
+  buckets_reduced_ = 0;
+  deferred_split_error_ = nullptr;
+  submitted_.clear();
+  submitted_flags_.clear();
+  split_lrs_.clear();
+  split_has_lrs_ = false;
 }
 
 void Engine::check_end_step_arguments() const {
@@ -164,19 +255,115 @@ void Engine::check_end_step_arguments() const {
 
 Engine::StepInputs Engine::close_split_step() {
   in_split_step_ = false;
-  return StepInputs{submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_};
+  // Data parallel: the matrices' statistics were taken as their buckets were reduced.
+  return StepInputs{submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_ || reduce_in_backward_};
 }
 
 void Engine::abort_step() {
   // Work started at submit is the statistics (overwritten by the next step) and the early
-  // buckets' copies, whose accumulates were never queued: nothing of the step remains.
-  cancel_early_buckets();
-  in_split_step_ = false;
-  deferred_split_error_ = nullptr;
-  submitted_.clear();
-  submitted_flags_.clear();
-  split_lrs_.clear();
-  split_has_lrs_ = false;
+  // buckets' copies, whose accumulates were never queued: nothing of the step remains. Data
+  // parallel: the other ranks are in this step's collectives; this rank joins them as
+  // refused, so that they raise instead of waiting (its error is not this call's to report).
+  if (parallel() && in_split_step_) {
+    try {
+      end_split_step_refused(std::make_exception_ptr(
+          Error(ZF_ERROR_INVALID_VALUE, "abort_step: the split step was discarded on this rank")));
+    } catch (...) {
+    }
+    return;
+  }
+  drop_split_step();
+}
+
+void Engine::late_gradient(size_t index, const zf_tensor& grad) {
+  if (!parallel() || !in_split_step_ || deferred_split_error_ || index >= params_.size()) return;
+  const Param& p = params_[index];
+  if (p.matrix && bucket_reduced_[matrices_[p.index].bucket]) {
+    deferred_split_error_ = std::make_exception_ptr(
+        Error(ZF_ERROR_INVALID_VALUE,
+              "grads[" + std::to_string(param_name(index)) +
+                  "]: its gradient grew after its bucket was reduced over the ranks (a parameter used in two "
+                  "backward passes of one step, as reentrant activation checkpointing does with a shared one); "
+                  "data parallel reduces each bucket once, as it fills: use non-reentrant checkpointing, or "
+                  "step() without overlap_backward. The step was not taken on any rank"));
+    return;
+  }
+  try {
+    check_grad(grad, index);
+    submitted_[index] = grad;  // read when its bucket is reduced (dense ones: at end_step)
+  } catch (...) {
+    deferred_split_error_ = std::current_exception();
+  }
+}
+
+void Engine::reduce_ready_buckets() {
+  // In the fixed order every rank follows, so the ranks' collectives match whatever order
+  // their gradients arrive in; a bucket that fills out of order waits for those before it.
+  // A failure here (a collective) waits for end_step, as a refusal of submit does.
+  const ParallelStepScope scope(*this);
+  try {
+    while (buckets_reduced_ < buckets_.size()) {
+      Bucket& b = bucket_in_reduce_order(buckets_reduced_);
+      if (bucket_pending_[static_cast<size_t>(&b - buckets_.data())] != 0) return;
+      reduce_bucket_in_backward(b, false);
+      ++buckets_reduced_;
+    }
+  } catch (...) {
+    deferred_split_error_ = std::current_exception();
+  }
+}
+
+void Engine::reduce_remaining_buckets(bool zeros) {
+  const ParallelStepScope scope(*this);
+  while (buckets_reduced_ < buckets_.size()) {
+    reduce_bucket_in_backward(bucket_in_reduce_order(buckets_reduced_), zeros);
+    ++buckets_reduced_;
+  }
+  // Everything after (the dense reduction, the statistics' exchange, the step) runs on the
+  // compute lane, after the reductions.
+  backend_->wait(Lane::kCompute, backend_->record(Lane::kReduce));
+}
+
+void Engine::reduce_bucket_in_backward(Bucket& b, bool zeros) {
+  // On the reduction lane, after everything enqueued on the compute lane so far (the
+  // bucket's gradients, and the last users of the scratch and the staging slots), so that the
+  // backward goes on beside it on the caller's stream.
+  backend_->wait(Lane::kReduce, backend_->record(Lane::kCompute));
+  struct OnReduceLane {
+    explicit OnReduceLane(Backend& backend) : backend_(backend) { backend_.compute_on(Lane::kReduce); }
+    ~OnReduceLane() { backend_.compute_on(Lane::kCompute); }
+    Backend& backend_;
+  } on_reduce_lane(*backend_);
+  bucket_reduced_[static_cast<size_t>(&b - buckets_.data())] = 1;
+  if (zeros) return reduce_bucket(b, nullptr, split_select_);
+  reduce_bucket(b, submitted_.data(), split_select_);
+  bucket_statistics(b, submitted_.data());
+  if (!split_select_ && early_buckets_.size() < slot_jobs_.size()) defer_bucket_early(b);
+}
+
+void Engine::bucket_statistics(const Bucket& b, const zf_tensor* grads) {
+  for (size_t i = b.first; i < b.last; ++i) {
+    const size_t param = matrices_[i].param;
+    backend_->column_stats(range_stats_plan(param, 1), grads + param, &col_sq_tensors_[param],
+                           device_float(total_sink_offset_), device_int(flags_offset_) + param,
+                           device_ + stats_workspace_offset_, stats_workspace_bytes_);
+  }
+}
+
+void Engine::dense_statistics(const zf_tensor* grads) {
+  // Runs of consecutive dense parameters, one pass each (its flag at its first parameter).
+  for (size_t i = 0; i < params_.size();) {
+    if (params_[i].matrix) {
+      ++i;
+      continue;
+    }
+    size_t stop = i;
+    while (stop < params_.size() && !params_[stop].matrix) ++stop;
+    backend_->column_stats(range_stats_plan(i, stop - i), grads + i, &col_sq_tensors_[i],
+                           device_float(total_sink_offset_), device_int(flags_offset_) + i,
+                           device_ + stats_workspace_offset_, stats_workspace_bytes_);
+    i = stop;
+  }
 }
 
 size_t Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
@@ -391,7 +578,11 @@ void Engine::step_statistics(const zf_tensor* grads, bool stats_done) {
   // squares and a non-finite flag per pass.
   // Data parallel: the gradients are reduced first (every column at a selection step), and
   // the statistics are of the reduced gradient, shared by every rank.
-  if (parallel()) {
+  // A split step reduced its buckets and took their statistics during backward.
+  if (reduce_in_backward_) {
+    reduce_dense(grads);
+    dense_statistics(grads);
+  } else if (parallel()) {
     Schedule peek = schedule_;
     reduce_gradients(grads, peek.begin_step().select);
   }
