@@ -194,7 +194,9 @@ def _rank_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     }
 
 
-def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Namespace) -> None:
+def _child(
+    rank: int, world_size: int, port: int, out: str, args: argparse.Namespace, rank_main=None
+) -> None:
     code = 0
     try:
         if world_size > 1:
@@ -203,7 +205,7 @@ def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Names
             torch.distributed.init_process_group(
                 "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
             )
-        result = _rank_main(rank, world_size, args)
+        result = (rank_main or _rank_main)(rank, world_size, args)
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
         if world_size > 1:
             # Every rank done before any tears its process group down (without it, 3 runs of
@@ -223,14 +225,16 @@ def _child(rank: int, world_size: int, port: int, out: str, args: argparse.Names
     os._exit(code)
 
 
-def run(world_size: int, args: argparse.Namespace) -> list[dict]:
+def run(world_size: int, args: argparse.Namespace, rank_main=None) -> list[dict]:
+    """Runs rank_main(rank, world_size, args) (default: this benchmark's) in world_size
+    spawned processes over gloo; returns each rank's result."""
     with tempfile.TemporaryDirectory() as out, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
         context = mp.get_context("spawn")
         processes = [
-            context.Process(target=_child, args=(r, world_size, port, out, args))
+            context.Process(target=_child, args=(r, world_size, port, out, args, rank_main))
             for r in range(world_size)
         ]
         for p in processes:

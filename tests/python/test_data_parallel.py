@@ -466,6 +466,60 @@ def _shared_weights_overlap(rank: int, world_size: int, steps: int):
     return out
 
 
+def _in_backward_reductions(rank: int, world_size: int, steps: int):
+    """overlap_backward with a bucket per parameter (each reduced during backward, in one
+    order on every rank), against plain steps: (1) every rank's backward hands its gradients
+    over; (2) the last rank's hands nothing over at odd steps (its loss skips the model: the
+    optimizer's zeros, a plain step that meets the others' split step); (3) rank 0 runs a
+    second backward in step 2 after its buckets were reduced: every rank refuses that step, at
+    once, and the next steps run on."""
+    share = BATCH // world_size
+    settings = {**FIXED, "bucket_bytes": 1}
+    out = {}
+
+    def run(case: str, overlap: bool):
+        model = _model()
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **settings)
+        if overlap:
+            opt.overlap_backward(model)
+        errors, reduced_before_step = [], 0
+        for step in range(steps):
+            x, y = _batch(step)
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+            idle = case == "idle" and rank == world_size - 1 and step % 2 == 1
+            if not idle:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            if case == "late" and rank == 0 and step == 2:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            last = model[2].weight.grad
+            if overlap and last is not None and not idle:
+                # its bucket came first in backward: reduced in place before step()
+                local = last.clone()
+                reduced_before_step += int(step > 0 and not torch.equal(local, _local_grad(model, x, y)))
+            started = time.monotonic()
+            try:
+                opt.step()
+                errors.append(None)
+            except ValueError as error:
+                errors.append((str(error), time.monotonic() - started))
+            opt.zero_grad()
+        params = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+        return params, errors, reduced_before_step
+
+    for case in ("all", "idle", "late"):
+        out[case] = {"plain": run(case, False), "overlap": run(case, True)}
+    return out
+
+
+def _local_grad(model, x, y):
+    """This rank's own gradient of the last weight (a fresh backward on a copy)."""
+    clone = copy.deepcopy(model)
+    clone.zero_grad()
+    torch.nn.functional.mse_loss(clone(x), y).backward()
+    return clone[2].weight.grad
+
+
 def _added_group(rank: int, world_size: int, steps: int, add_at: int):
     # A parameter group added mid-run (its parameters differ by rank: the optimizer broadcasts
     # rank 0's): the engine is rebuilt with the consolidated state, on every rank alike.
@@ -737,6 +791,29 @@ def test_a_gradient_arriving_twice_on_one_rank_steps_as_autograd_accumulated(tmp
             assert torch.equal(a, b), f"rank {rank}: overlap_backward differs from a plain step"
     for a, b in zip(results[0][True], results[1][True]):
         assert torch.equal(a, b), "the ranks differ"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_in_backward_reductions_match_plain_steps_and_refuse_a_late_gradient(tmp_path, world_size):
+    results = _spawn("_in_backward_reductions", world_size, tmp_path, 5)
+    for rank, result in enumerate(results):
+        for case in ("all", "idle"):
+            plain, overlap = result[case]["plain"], result[case]["overlap"]
+            assert all(e is None for e in plain[1] + overlap[1]), (case, plain[1], overlap[1])
+            for i, (a, b) in enumerate(zip(plain[0], overlap[0])):
+                assert torch.equal(a, b), f"{case}: rank {rank}, param {i}: overlap differs from plain"
+        assert result["all"]["overlap"][2] >= 3, "nothing was reduced during backward"
+        errors = result["late"]["overlap"][1]
+        assert [e is None for e in errors] == [True, True, False, True, True], errors
+        message, seconds = errors[2]
+        assert seconds < 1.0, f"rank {rank} took {seconds:.1f} s to raise"
+        if rank == 0:
+            assert "grew after its bucket was reduced" in message, message
+        else:
+            assert f"rank(s) 0 of {world_size} failed" in message, message
+    for case in ("all", "idle", "late"):
+        for a, b in zip(results[0][case]["overlap"][0], results[-1][case]["overlap"][0]):
+            assert torch.equal(a, b), f"{case}: the ranks differ"
 
 
 def test_a_param_group_added_mid_run_matches_one_process(tmp_path):
