@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <algorithm>
 #include <functional>
 #include <mutex>
@@ -28,6 +29,7 @@
 
 #include "engine/testing.hpp"
 #include "inprocess_collectives.hpp"
+#include "simulated_backend.hpp"
 #include "test_engine_util.hpp"
 
 namespace {
@@ -195,10 +197,50 @@ enum class Form { kPlain, kSplit, kReady };
 struct RunOptions {
   Form form = Form::kPlain;
   int plain_rank = -1;                   // this rank steps plainly whatever the form
+  uint64_t simulated_seed = 0;           // > 0: each rank on a simulated asynchronous backend
+  bool sync_every_step = true;           // simulated: false lets the lanes run on across steps
+                                         // (only the last step's parameters are kept)
   int64_t first_step = 1;                // the global index of the first step (learning rates)
   bool probe = false;                    // save after every step
   bool save_at_end = false;              // save once after the last step
   zenflow::EngineState* load = nullptr;  // a state every engine loads before stepping
+};
+
+// Collectives in stream order on a simulated asynchronous backend: each call first runs the
+// lane it is enqueued on (the compute lane, or the reduction lane during backward) up to the
+// call, as a device runs a stream up to a collective's kernel, then runs the in-process
+// collective. Work on other lanes is ordered only by the engine's events: an order it forgot
+// (a reduction that overwrites the scratch before the compute lane's last read of it, say)
+// changes the results.
+struct OrderedCollectives {
+  zf_engine_collectives inner{};
+  zf_sim::SimulatedAsyncBackend* backend = nullptr;
+
+  zf_engine_collectives wrap(const zf_engine_collectives& c) {
+    inner = c;
+    zf_engine_collectives out = c;
+    out.user = this;
+    out.all_reduce_sum = [](void* user, void* data, size_t count, zf_dtype dtype, zf_stream stream) {
+      auto* self = static_cast<OrderedCollectives*>(user);
+      self->backend->run_ops_lane();
+      return self->inner.all_reduce_sum(self->inner.user, data, count, dtype, stream);
+    };
+    out.reduce_scatter_sum = [](void* user, const void* in, void* o, size_t count, zf_dtype dtype, zf_stream stream) {
+      auto* self = static_cast<OrderedCollectives*>(user);
+      self->backend->run_ops_lane();
+      return self->inner.reduce_scatter_sum(self->inner.user, in, o, count, dtype, stream);
+    };
+    out.all_gather = [](void* user, const void* in, void* o, size_t count, zf_dtype dtype, zf_stream stream) {
+      auto* self = static_cast<OrderedCollectives*>(user);
+      self->backend->run_ops_lane();
+      return self->inner.all_gather(self->inner.user, in, o, count, dtype, stream);
+    };
+    out.last_error = [](void* user) {
+      auto* self = static_cast<OrderedCollectives*>(user);
+      return self->inner.last_error(self->inner.user);
+    };
+    return out;
+  }
 };
 
 // One engine's life: create (and join `group` as `rank`, unless group is NULL), load, step
@@ -208,9 +250,19 @@ void run_engine(const Model& start, const zf_engine_config& config, InProcessGro
   std::string at = "before the first step";
   try {
     Model model = start;
+    // Simulated devices: each step's gradients as the backward's kernels write them, on the
+    // compute lane, from these sources (alive until the engine is gone).
+    std::deque<std::vector<HostTensor>> sources;
     zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, config);
+    OrderedCollectives ordered;
+    if (options.simulated_seed > 0) {
+      auto backend = std::make_unique<zf_sim::SimulatedAsyncBackend>(options.simulated_seed + 7919 * rank, 30);
+      ordered.backend = backend.get();
+      zf::testing::use_backend(engine.get(), std::move(backend));
+    }
     if (group != nullptr) {
-      const zf_engine_collectives c = group->collectives(rank);
+      zf_engine_collectives c = group->collectives(rank);
+      if (ordered.backend != nullptr) c = ordered.wrap(c);
       zenflow::check(zf_engine_set_collectives(engine.get(), &c));
     }
     if (options.load != nullptr) {
@@ -230,7 +282,17 @@ void run_engine(const Model& start, const zf_engine_config& config, InProcessGro
         std::mt19937_64 rng(static_cast<uint64_t>(rank * 1000 + static_cast<int>(s)));
         if (rank != 0) std::shuffle(order.begin(), order.end(), rng);
         engine.begin_step(lrs);
+        if (ordered.backend != nullptr) {
+          sources.push_back(g);
+          for (HostTensor& t : g)
+            for (int64_t e = 0; e < t.numel(); ++e) t.set(e, 1e3f);  // until the "backward" writes it
+        }
         for (size_t i : order) {
+          if (ordered.backend != nullptr) {
+            HostTensor& source = sources.back()[i];
+            ordered.backend->copy_device(tensors[i].data, source.data(),
+                                         static_cast<size_t>(source.numel()) * zf_dtype_size(source.dtype));
+          }
           if (options.form == Form::kSplit)
             zenflow::check(zf_engine_submit(engine.get(), i, &tensors[i], 1));
           else
@@ -244,6 +306,13 @@ void run_engine(const Model& start, const zf_engine_config& config, InProcessGro
           engine.end_step();
         else
           zenflow::check(zf_engine_end_step_with(engine.get(), tensors.data(), tensors.size()));
+      }
+      if (options.simulated_seed > 0) {
+        if (!options.sync_every_step && s + 1 < stream.size()) {
+          out.grads.push_back(std::move(g));  // queued work may still read them
+          continue;
+        }
+        zf::testing::synchronize_backend(engine.get());
       }
       out.params.push_back(model.params);
       out.grads.push_back(std::move(g));
@@ -746,6 +815,44 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
     EXPECT_EQ(got.final_stats.reselections, want.final_stats.reselections) << label;
   }
   EXPECT_GT(plain[0].final_stats.reselections, 0) << label << ": the run must re-select";
+}
+
+// The split step on simulated asynchronous devices (each rank's lanes run lazily in random
+// orders; collectives in stream order): the reduction lane is ordered against the compute
+// lane (the gradients, the scratch, the staging slots) and the result is the host backend's
+// plain steps, bit for bit. Removing the reduction lane's wait for the compute lane, or the
+// compute lane's for the reductions at end_step, fails it.
+TEST(EngineParallelSplit, OnAsynchronousDevicesMatchesPlainStepsBitForBit) {
+  for (int world : {2, 3}) {
+    for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+      const std::string label = "world " + std::to_string(world) + ", seed " + std::to_string(seed);
+      const Model model = parallel_model(Dtypes::kMixed);
+      zf_engine_config config =
+          parallel_config(TrajectoryCase{world, Dtypes::kMixed, 0.3, seed == 3 ? 0 : 3, seed != 2, true, false});
+      config.bucket_bytes = 64;
+      config.staging_slots = 2;
+      const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, 10);
+      RunOptions plain_options, simulated;
+      simulated.form = seed % 3 == 2 ? Form::kReady : Form::kSplit;
+      simulated.simulated_seed = seed;
+      simulated.sync_every_step = seed <= 3;
+      InProcessGroup plain_group(world), simulated_group(world);
+      const std::vector<RankRun> want = run_parallel(model, config, plain_group, stream, plain_options);
+      const std::vector<RankRun> got = run_parallel(model, config, simulated_group, stream, simulated);
+      EXPECT_EQ(simulated_group.mismatches(), 0) << label;
+      for (int r = 0; r < world; ++r) {
+        const RankRun& a = got[static_cast<size_t>(r)];
+        const RankRun& b = want[static_cast<size_t>(r)];
+        ASSERT_TRUE(a.error.empty()) << label << ", rank " << r << ": " << a.error;
+        ASSERT_TRUE(b.error.empty()) << label << ": " << b.error;
+        const size_t skipped = b.params.size() - a.params.size();  // not kept without a sync
+        for (size_t s = 0; s < a.params.size(); ++s)
+          for (size_t i = 0; i < b.params[s].size(); ++i)
+            ASSERT_TRUE(a.params[s][i].bitwise_equal(b.params[skipped + s][i]))
+                << label << ", rank " << r << ": param " << i << " after step " << skipped + s + 1;
+      }
+    }
+  }
 }
 
 std::vector<SplitCase> split_cases() {
