@@ -57,9 +57,11 @@ def _form_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     model = _model(args)
     if args.form == "peer":
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=args.bucket_mib
-        ) if world_size > 1 else model
+        ddp = (
+            torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mib)
+            if world_size > 1
+            else model
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
         forward = ddp
     else:

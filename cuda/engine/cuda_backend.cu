@@ -177,24 +177,23 @@ class CudaBackend final : public Backend {
   void step_scalars(StepScalars* scalars, const float* col_sq, int64_t columns, const int32_t* flags,
                     int64_t flag_count, double* chunk_sums, double loss_scale, double max_grad_norm) override {
     const ScopedDevice guard(device_);
-    step_scalars_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(
-        scalars, col_sq, columns, flags, flag_count, chunk_sums, loss_scale, max_grad_norm);
+    step_scalars_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(scalars, col_sq, columns, flags, flag_count,
+                                                                          chunk_sums, loss_scale, max_grad_norm);
     check_launch("step_scalars_kernel");
   }
 
   void scalar_partial(ScalarPartial* partial, const float* col_sq, int64_t columns, const int32_t* flags,
                       int64_t flag_count, double* chunk_sums) override {
     const ScopedDevice guard(device_);
-    scalar_partial_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(partial, col_sq, columns,
-                                                                                         flags, flag_count, chunk_sums);
+    scalar_partial_kernel<<<1, kScalarThreads, 0, stream(Lane::kCompute)>>>(partial, col_sq, columns, flags, flag_count,
+                                                                            chunk_sums);
     check_launch("scalar_partial_kernel");
   }
 
   void combine_scalars(StepScalars* scalars, const ScalarPartial* partials, int64_t count, double loss_scale,
                        double max_grad_norm) override {
     const ScopedDevice guard(device_);
-    combine_scalars_kernel<<<1, 1, 0, stream(Lane::kCompute)>>>(scalars, partials, count, loss_scale,
-                                                                             max_grad_norm);
+    combine_scalars_kernel<<<1, 1, 0, stream(Lane::kCompute)>>>(scalars, partials, count, loss_scale, max_grad_norm);
     check_launch("combine_scalars_kernel");
   }
 
@@ -418,7 +417,8 @@ class CudaBackend final : public Backend {
       selected_[i] = device_tensor(selected[i], ZF_DTYPE_I32, device_, layout[i].selected, -1);
     const zf_dtype dtype = count > 0 ? matrices[0].dtype : ZF_DTYPE_F32;
     const zf_tensor packed_tensor = device_tensor(packed, dtype, device_, layout.total(), -1);
-    cuda_ops().pack_or_scatter_columns(matrices, selected_.data(), layout, packed_tensor, nullptr, to_packed, ops_stream());
+    cuda_ops().pack_or_scatter_columns(matrices, selected_.data(), layout, packed_tensor, nullptr, to_packed,
+                                       ops_stream());
   }
 
   int device_;

@@ -41,7 +41,6 @@ using zf_engine_test::tensors_of;
 using zf_sim::SimulatedAsyncBackend;
 using zf_sim::SimulatedWorld;
 
-
 struct RunOptions {
   bool simulated = false;
   uint64_t seed = 0;

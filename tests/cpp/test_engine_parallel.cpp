@@ -10,6 +10,7 @@
 // columns on the two sides; the trajectories differ only by the rounding of the 1/N scale.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -768,8 +768,8 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
   const SplitCase c = GetParam();
   const std::string label = split_case_name(c);
   const Model model = parallel_model(c.dtypes);
-  zf_engine_config config = parallel_config(TrajectoryCase{c.world, c.dtypes, 0.3, c.update_interval, c.overlap,
-                                                           true, false});
+  zf_engine_config config =
+      parallel_config(TrajectoryCase{c.world, c.dtypes, 0.3, c.update_interval, c.overlap, true, false});
   config.bucket_bytes = 64;
   config.staging_slots = 2;
   const int64_t steps = 10;
@@ -800,8 +800,8 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
       const zenflow::EngineState& b = want.saves[s];
       ASSERT_EQ(a.storage.size(), b.storage.size());
       for (size_t e = 0; e < a.storage.size(); ++e)
-        ASSERT_EQ(a.storage[e], b.storage[e]) << label << ": rank " << r << ", state entry " << e << " after step "
-                                              << s + 1;
+        ASSERT_EQ(a.storage[e], b.storage[e])
+            << label << ": rank " << r << ", state entry " << e << " after step " << s + 1;
       ASSERT_EQ(a.counters, b.counters) << label << ": rank " << r << " after step " << s + 1;
     }
     EXPECT_EQ(got.final_stats.collective_bytes_gradients, want.final_stats.collective_bytes_gradients) << label;

@@ -495,7 +495,9 @@ def _in_backward_reductions(rank: int, world_size: int, steps: int):
             if overlap and last is not None and not idle:
                 # its bucket came first in backward: reduced in place before step()
                 local = last.clone()
-                reduced_before_step += int(step > 0 and not torch.equal(local, _local_grad(model, x, y)))
+                reduced_before_step += int(
+                    step > 0 and not torch.equal(local, _local_grad(model, x, y))
+                )
             started = time.monotonic()
             try:
                 opt.step()
@@ -801,7 +803,9 @@ def test_in_backward_reductions_match_plain_steps_and_refuse_a_late_gradient(tmp
             plain, overlap = result[case]["plain"], result[case]["overlap"]
             assert all(e is None for e in plain[1] + overlap[1]), (case, plain[1], overlap[1])
             for i, (a, b) in enumerate(zip(plain[0], overlap[0])):
-                assert torch.equal(a, b), f"{case}: rank {rank}, param {i}: overlap differs from plain"
+                assert torch.equal(a, b), (
+                    f"{case}: rank {rank}, param {i}: overlap differs from plain"
+                )
         assert result["all"]["overlap"][2] >= 3, "nothing was reduced during backward"
         errors = result["late"]["overlap"][1]
         assert [e is None for e in errors] == [True, True, False, True, True], errors

@@ -315,25 +315,38 @@ ZF_API zf_status zf_engine_set_stream_at(zf_engine* engine, size_t index, zf_str
  *  - Selection: each rank sums the squares of the reduced gradient's columns it owns; the
  *    column sums are all-reduced (one float per column), so every rank runs the same top-k,
  *    the same global norm and the same window schedule. Nothing else is exchanged.
- *  - Failures: at the start of every step, flush, save and load the ranks all-reduce one
- *    flag each, which also names the call the rank is in; a rank whose host lane failed, or
- *    whose call was refused (a bad gradient, a state it cannot load), raises its own error
- *    and every other rank raises ZF_ERROR_INVALID_VALUE naming it; ranks in different calls
- *    (one flushing while another steps) all raise ZF_ERROR_INVALID_VALUE, and nothing runs
- *    on any of them. A failed collective is a sticky error. A rank that stops calling leaves
- *    the others in a collective until the communicator's own timeout.
- *  - Split steps: a data-parallel step starts its work at end_step (submit validates and
- *    records only). A refusal of begin_step or submit is not returned there (the other
- *    ranks would wait for this one in end_step): it is returned by end_step, on every rank.
+ *  - Failures: at the start of every step, split step (begin_step), flush, save and load
+ *    the ranks all-reduce one flag each, which also names the call the rank is in; a rank
+ *    whose host lane failed, or whose call was refused (a bad gradient, a state it cannot
+ *    load), raises its own error and every other rank raises ZF_ERROR_INVALID_VALUE naming
+ *    it; ranks in different calls (one flushing while another steps) all raise
+ *    ZF_ERROR_INVALID_VALUE, and nothing runs on any of them. A failed collective is a
+ *    sticky error. A rank that stops calling leaves the others in a collective until the
+ *    communicator's own timeout.
+ *  - Split steps (since 0.1.0, 2026-12-05): each bucket of matrices (config.bucket_bytes)
+ *    is reduced as soon as all its matrices are submitted, in one order on every rank (the
+ *    last bucket first, backward's order; a bucket that fills early waits for those before
+ *    it), on the CUDA backend on a stream of the engine's (after the caller's stream's work
+ *    so far; the collectives are given that stream), then its statistics are taken and (but
+ *    at a selection step) its deferred columns copied down; the gradient is read then, not
+ *    at submit. end_step reduces the rest and the dense gradients, and the ranks' agreement
+ *    on how the step ends rides on the all-reduce of the non-finite flags. A refusal of
+ *    submit (a bad gradient) or at end_step (a parameter not submitted) is returned by
+ *    end_step on every rank; the refusing rank still joins the step's collectives, with
+ *    zeros, and the step changes nothing on any rank but the gradients already reduced.
+ *    zf_engine_abort_step and zf_engine_refuse(ZF_ENGINE_CALL_STEP) of an open split step
+ *    join them the same way, as refused. A rank that calls zf_engine_step while the others
+ *    are in a split step (its backward had no gradient to hand over) takes the split form
+ *    inside that call: the same collectives, the same result.
  *  - A layer above that refuses a call before it reaches the engine (its own checks of a
  *    checkpoint, say) joins that call's agreement with zf_engine_refuse, so that every rank
  *    fails it too.
  *
  * Every buffer the engine passes lies in its device memory (as attached); on the CUDA
- * backend the collective runs on `stream` (the compute stream), ordered after the work
- * enqueued there before the call and before the work enqueued after it; on the host backend
- * it completes before it returns. Sums must give every rank the same bits (ring and tree
- * all-reduces do). Each function returns ZF_SUCCESS, or an error status (last_error, if not
+ * backend the collective runs on `stream` (the compute stream, or during backward the
+ * engine's reduction stream), ordered after the work enqueued there before the call and
+ * before the work enqueued after it; on the host backend it completes before it returns. Sums must give every rank the
+ * same bits (ring and tree all-reduces do). Each function returns ZF_SUCCESS, or an error status (last_error, if not
  * NULL, may then describe it).
  */
 typedef struct zf_engine_collectives {
@@ -380,6 +393,9 @@ ZF_API zf_status zf_engine_end_step(zf_engine* engine);
  * split step open it does nothing. The host backend starts a step's work at end_step, so the
  * discard is always complete there; a backend that starts work at submit undoes it or, where
  * it cannot, reports ZF_ERROR_INVALID_VALUE and keeps a sticky error until a state is loaded.
+ * Data parallel: the other ranks are in the step's collectives; this rank joins them as
+ * refused (zeros), so that their end_step fails instead of waiting; its own gradients may
+ * already be reduced in place.
  */
 ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
 
@@ -395,8 +411,10 @@ ZF_API zf_status zf_engine_abort_step(zf_engine* engine);
  * marked again after (a parameter used twice in one backward: shared weights, reentrant
  * activation checkpointing) makes end_step_with take the step again, whole, from `grads`:
  * the result is that of zf_engine_step with the gradients autograd accumulated, bit for
- * bit. A parameter never marked is submitted at end_step_with (a frozen one steps with the
- * gradient given there, zeros for instance).
+ * bit. Data parallel reads a gradient when its bucket is reduced: one marked again before
+ * that is simply read then; one marked again after makes end_step_with fail on every rank
+ * (ZF_ERROR_INVALID_VALUE naming it). A parameter never marked is submitted at
+ * end_step_with (a frozen one steps with the gradient given there, zeros for instance).
  */
 ZF_API zf_status zf_engine_mark_ready(zf_engine* engine, size_t index, const zf_tensor* grad);
 ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* grads, size_t count);

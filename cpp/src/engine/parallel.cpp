@@ -289,7 +289,9 @@ static_assert(static_cast<int>(Engine::Agreement::kStep) == ZF_ENGINE_CALL_STEP 
 
 void Engine::refuse(zf_engine_call call) {
   if (!parallel()) return;
-  const auto refusal = [] { fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank"); };
+  const auto refusal = [] {
+    fail(ZF_ERROR_INVALID_VALUE, "zf_engine_refuse: the caller refused this call on this rank");
+  };
   if (call == ZF_ENGINE_CALL_STEP && in_split_step_) {
     // The others are in this split step's collectives (or on their way): join them as refused.
     std::exception_ptr local;

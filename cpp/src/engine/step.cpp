@@ -321,19 +321,20 @@ void Engine::reduce_remaining_buckets(bool zeros) {
   }
   // Everything after (the dense reduction, the statistics' exchange, the step) runs on the
   // compute lane, after the reductions.
-  backend_->wait(Lane::kCompute, backend_->record(Lane::kReduce));
+  if (!buckets_.empty()) backend_->wait(Lane::kCompute, backend_->record(Lane::kReduce));
 }
 
 void Engine::reduce_bucket_in_backward(Bucket& b, bool zeros) {
   // On the reduction lane, after everything enqueued on the compute lane so far (the
   // bucket's gradients, and the last users of the scratch and the staging slots), so that the
   // backward goes on beside it on the caller's stream.
-  backend_->wait(Lane::kReduce, backend_->record(Lane::kCompute));
+  const Event written = backend_->record(Lane::kCompute);
   struct OnReduceLane {
     explicit OnReduceLane(Backend& backend) : backend_(backend) { backend_.compute_on(Lane::kReduce); }
     ~OnReduceLane() { backend_.compute_on(Lane::kCompute); }
     Backend& backend_;
   } on_reduce_lane(*backend_);
+  backend_->wait(Lane::kReduce, written);
   bucket_reduced_[static_cast<size_t>(&b - buckets_.data())] = 1;
   if (zeros) return reduce_bucket(b, nullptr, split_select_);
   reduce_bucket(b, submitted_.data(), split_select_);
