@@ -1,10 +1,10 @@
 // The engine's lane ordering, tested without a GPU: a simulated asynchronous backend
-// (simulated_backend.hpp) runs each lane's work lazily, in a random interleaving of the lanes, and honours only the
-// orderings the engine states with record / wait / host_wait, as CUDA streams and events
-// do. A missing event in the state machine lets a copy read a slot before its pack, a scatter
-// read the upload buffer before its copy, or the host lane overwrite U while it is still
-// being copied up: the weights then differ from the host backend's. Every run must match
-// the host backend bit for bit, whatever the interleaving.
+// (simulated_backend.hpp) runs each lane's work lazily, in a random interleaving of the
+// lanes, and honours only the orderings the engine states with record / wait / host_wait, as
+// CUDA streams and events do. A missing event in the state machine lets a copy read a slot
+// before its pack, a scatter read the upload buffer before its copy, or the host lane
+// overwrite U while it is still being copied up: the weights then differ from the host
+// backend's. Every run must match the host backend bit for bit, whatever the interleaving.
 #include <gtest/gtest.h>
 #if defined(__linux__)
 #include <sched.h>
