@@ -355,7 +355,7 @@ void Engine::setup_buckets_and_memory() {
   stats_workspace_offset_ = take(stats_workspace_bytes_);
   slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
   staging_offset_ = take(slot_stride_ * static_cast<size_t>(config_.staging_slots));
-  upload_buffer_offset_ = take(slot_bytes_);
+  upload_buffer_offset_ = take(backend_->host_visible() ? 0 : slot_bytes_);  // the host backend scatters from U
   offset = parallel_memory(offset);
   device_bytes_ = offset;
   upload_bytes_ = upload_bytes;
@@ -387,7 +387,8 @@ void Engine::ensure_host_memory() {
     m.acc[1].assign(elements, 0.0f);
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
-  host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  if (!backend_->host_visible())
+    host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
   scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
   host_memory_ready_ = true;

@@ -344,6 +344,10 @@ class Engine {
   // Data parallel: end_step's agreement, one slot per rank after the flags (share_statistics).
   size_t agreement_slots() const { return parallel() ? static_cast<size_t>(world_) : 0; }
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
+  // Where the host lane reads staging slot `slot` (its header, then the packed columns).
+  uint8_t* host_slot(size_t slot) const {
+    return (backend_->host_visible() ? device_ + staging_offset_ : host_slots_.data()) + slot * slot_stride_;
+  }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
   // A loaded pending host result: matrix m's upload copy from its host master.
@@ -428,8 +432,10 @@ class Engine {
   bool initialized_ = false;
 
   // host buffers: the ones a copy lane touches are pinned
-  PinnedBuffer host_slots_;  // staging_slots * slot_stride_
-  PinnedBuffer upload_;      // U
+  // staging_slots * slot_stride_, on CUDA. The host backend's host lane reads the device
+  // slots in place (host_slot()): a deferred gradient is packed once, not packed then copied.
+  PinnedBuffer host_slots_;
+  PinnedBuffer upload_;  // U
   size_t upload_bytes_ = 0;
   PinnedBuffer scalar_records_;  // kScalarRecords StepScalars, then one for readbacks
   struct PendingScalars {

@@ -385,10 +385,11 @@ void Engine::defer_bucket_early(Bucket& b) {
   if (b.packed_bytes == 0) return;
   const size_t slot = pack_into_next_slot(b, submitted_.data());
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
-  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  backend_->copy_down(host_slots_.data() + slot * slot_stride_ + kSlotHeaderBytes, device_slot + kSlotHeaderBytes,
-                      b.packed_bytes);
-  slot_copied_[slot] = backend_->record(Lane::kDown);
+  if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
+    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+    backend_->copy_down(host_slot(slot) + kSlotHeaderBytes, device_slot + kSlotHeaderBytes, b.packed_bytes);
+    slot_copied_[slot] = backend_->record(Lane::kDown);
+  }
   b.early_slot = slot;
   const size_t index = static_cast<size_t>(&b - buckets_.data());
   bucket_early_[index] = 1;
@@ -408,8 +409,8 @@ void Engine::release_early_buckets(const StepScalars* scalars) {
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   for (size_t index : early_buckets_) {
     const size_t slot = buckets_[index].early_slot;
-    backend_->copy_down(host_slots_.data() + slot * slot_stride_, device_ + staging_offset_ + slot * slot_stride_,
-                        sizeof(SlotHeader));
+    if (!backend_->host_visible())
+      backend_->copy_down(host_slot(slot), device_ + staging_offset_ + slot * slot_stride_, sizeof(SlotHeader));
   }
   const Event copied = backend_->record(Lane::kDown);
   for (size_t index : early_buckets_) {
@@ -427,7 +428,7 @@ void Engine::cancel_early_buckets() {
 }
 
 std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
-  uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
+  uint8_t* host_slot = this->host_slot(slot);
   const int acc = acc_current_;
   Backend* backend = backend_.get();
   return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied](ThreadPool& pool) {
@@ -768,10 +769,11 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
   const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
   backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
-  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  uint8_t* host_slot = host_slots_.data() + slot * slot_stride_;
-  backend_->copy_down(host_slot, device_slot, kSlotHeaderBytes + b.packed_bytes);
-  slot_copied_[slot] = backend_->record(Lane::kDown);
+  if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
+    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+    backend_->copy_down(host_slot(slot), device_slot, kSlotHeaderBytes + b.packed_bytes);
+    slot_copied_[slot] = backend_->record(Lane::kDown);
+  }
   slot_jobs_[slot] = submit_slot_accumulate(b, slot, slot_copied_[slot]);
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
@@ -865,14 +867,19 @@ void Engine::finish_update(double* stall) {
   }
   // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
   // upload buffer), then scatter into W[:, unselected] after the copy.
+  // The host backend scatters straight from U (its "device" is the host).
   uint8_t* device_upload = device_ + upload_buffer_offset_;
   for (Bucket& b : buckets_) {
     if (b.packed_bytes == 0) continue;
-    if (last_scatter_) backend_->wait(Lane::kUp, last_scatter_);
-    backend_->copy_up(device_upload, upload_.data() + b.upload_offset, b.packed_bytes);
-    backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
+    const uint8_t* from = upload_.data() + b.upload_offset;
+    if (!backend_->host_visible()) {
+      if (last_scatter_) backend_->wait(Lane::kUp, last_scatter_);
+      backend_->copy_up(device_upload, from, b.packed_bytes);
+      backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
+      from = device_upload;
+    }
     bind_weights(b);
-    backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_upload);
+    backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), from);
     last_scatter_ = backend_->record(Lane::kCompute);
     add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
   }
