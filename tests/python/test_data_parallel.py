@@ -347,11 +347,24 @@ def _failure_at_each_entry(rank: int, world_size: int):
         opt.step()
         opt.zero_grad()
 
-    entries = ("step", "split", "flush", "state_dict", "load_state_dict", "rebuild", "betas")
+    entries = (
+        "step",
+        "split",
+        "flush",
+        "state_dict",
+        "load_state_dict",
+        "rebuild",
+        "betas",
+        "split_betas",
+    )
     for entry in entries:
         model = _model()
-        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
-        if entry == "split":
+        split = entry.startswith("split")
+        # split: backward reduces a bucket per parameter; a refusal at step() joins the rest
+        opt = zenflow.ZenFlowAdamW(
+            model.parameters(), **{**FIXED, "bucket_bytes": 1 if split else 64 << 20}
+        )
+        if split:
             opt.overlap_backward(model)
         for step in range(2):
             train_step(model, opt, step)
@@ -367,7 +380,7 @@ def _failure_at_each_entry(rank: int, world_size: int):
             if rank == 1:  # a setting fixed at the engine's creation, changed on one rank only
                 opt.param_groups[0]["zenflow"] = False
             attempts.append(_timed(functools.partial(train_step, model, opt, 2)))
-        elif entry == "betas":
+        elif entry in ("betas", "split_betas"):
             if rank == 1:  # a scheduler's bad value, on one rank: refused before the engine
                 opt.param_groups[0]["betas"] = (1.0, 0.999)
             attempts.append(_timed(functools.partial(train_step, model, opt, 2)))
@@ -385,7 +398,7 @@ def _failure_at_each_entry(rank: int, world_size: int):
                 attempts.append(_timed(call))
                 if attempts[-1][1] is not None:
                     break
-        changed = entry in ("load_state_dict", "rebuild", "betas") and any(
+        changed = entry in ("load_state_dict", "rebuild", "betas", "split_betas") and any(
             not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before)
         )
         results[entry] = {"attempts": attempts, "changed": changed}
@@ -754,7 +767,7 @@ def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_p
         if entry == "rebuild":
             for _, error in (per_rank[0][-1], per_rank[1][-1]):
                 assert "every rank must make the same engine calls" in error, error
-        elif entry in ("load_state_dict", "betas"):
+        elif entry in ("load_state_dict", "betas", "split_betas"):
             assert ("shape" if entry == "load_state_dict" else "beta1") in per_rank[1][-1][1]
             assert "rank(s) 1 of 2 failed" in other, other
         else:
