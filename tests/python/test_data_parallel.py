@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import itertools
 import os
 import socket
 import sys
@@ -562,11 +563,14 @@ def _added_group(rank: int, world_size: int, steps: int, add_at: int):
 
 def _low_precision(rank: int, world_size: int, no_gradient_step: int):
     """bf16 and fp16 (the engine's dynamic loss scaling) models; rank 1 has no gradient at
-    all in one step. Returns each model's weights and step counts."""
+    all in one step. Returns each model's weights and step counts, with plain steps and under
+    overlap_backward (a bucket per parameter, reduced during backward)."""
     out = {}
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype, overlap in itertools.product((torch.bfloat16, torch.float16), (False, True)):
         model = _model().to(dtype)
-        opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+        opt = zenflow.ZenFlowAdamW(model.parameters(), **{**FIXED, "bucket_bytes": 1})
+        if overlap:
+            opt.overlap_backward(model)
         share = BATCH // world_size
         steps = []
         for step in range(2 * no_gradient_step):
@@ -579,7 +583,7 @@ def _low_precision(rank: int, world_size: int, no_gradient_step: int):
             opt.zero_grad()
             steps.append(opt.stats()["steps"])
         opt.flush()
-        out[str(dtype)] = {
+        out[str(dtype) + (" overlap" if overlap else "")] = {
             "weights": [p.detach().clone() for p in model.parameters()],
             "steps": steps,
             "loss_scale": opt.loss_scale,
@@ -855,6 +859,10 @@ def test_low_precision_and_a_rank_without_gradients(tmp_path):
         assert result["loss_scale"] == other["loss_scale"], dtype
         for a, b in zip(result["weights"], other["weights"]):
             assert torch.equal(a, b), dtype
+        plain = ranks[0][dtype.removesuffix(" overlap")]
+        assert result["loss_scale"] == plain["loss_scale"], dtype
+        for a, b in zip(result["weights"], plain["weights"]):
+            assert torch.equal(a, b), f"{dtype}: differs from plain steps"
     assert ranks[0]["torch.float16"]["loss_scale"] > 1.0  # dynamic loss scaling was on
 
 
