@@ -644,9 +644,11 @@ TEST(EngineMemoryLayout, StagingIsARingOfSlotsWhateverTheModelSize) {
   // Two more slots cost two slots (header and alignment included), nothing else.
   const size_t slot = (256 + bucket + 255) / 256 * 256;
   EXPECT_EQ(bytes_more_slots - bytes_large, 2 * slot);
-  // stats() reports the same, and the pinned ring and upload copy on the host side.
+  // stats() reports the same, and the upload copy on the host side (the host backend has no
+  // pinned ring: its host lane reads the device slots in place).
   EXPECT_EQ(static_cast<size_t>(large.device_bytes), bytes_large);
-  EXPECT_GE(static_cast<size_t>(large.pinned_host_bytes), 2 * slot + 16 * 128 * 200 * 2);
+  EXPECT_GE(static_cast<size_t>(large.pinned_host_bytes), size_t{16 * 128 * 200 * 2});
+  EXPECT_LT(static_cast<size_t>(large.pinned_host_bytes), 2 * slot + 16 * 128 * 200 * 2);
   // About 1.2 bytes per bf16 parameter of state at r = 0.1, as section 7 says.
   const double per_param = static_cast<double>(large.device_state_bytes) / (16.0 * 128 * 200);
   EXPECT_GT(per_param, 1.2);
@@ -851,7 +853,7 @@ TEST(EngineBuckets, ConsecutiveMatricesOfOneDtypeUpToTheBucketBytes) {
   engine.step(tensors_of(grads));
   stats = engine.stats();
   const size_t slot = (256 + 400 + 255) / 256 * 256;
-  EXPECT_GE(static_cast<size_t>(stats.pinned_host_bytes), static_cast<size_t>(c.staging_slots) * slot);
+  EXPECT_GE(static_cast<size_t>(stats.device_bytes), static_cast<size_t>(c.staging_slots) * slot);
 }
 
 }  // namespace

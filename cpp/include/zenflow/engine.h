@@ -477,11 +477,11 @@ typedef struct zf_engine_stats {
   int64_t bytes_up;                   /* uploaded deferred weight bytes (parameter dtype) */
   double selected_fraction;           /* sum k / sum n over matrices (current selection) */
   int64_t device_state_bytes;         /* compact selected state + dense state */
-  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring */
+  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring (CUDA) */
   double stall_seconds_readback;      /* waiting for the step's statistics (CUDA: dynamic loss scaling,
                                          update_interval "auto", selection_score "window") */
   int64_t device_bytes;               /* device memory the engine uses (zf_engine_device_memory_size) */
-  int64_t pinned_host_bytes;          /* staging ring, upload copy U, scalar records (page-locked on CUDA) */
+  int64_t pinned_host_bytes;          /* staging ring (CUDA), upload copy U, scalar records (page-locked on CUDA) */
   /* Data parallel: bytes of the buffers this rank gave to collectives (the all-reduced buffer,
    * the reduce-scatter's input and the all-gather's output: world_size * count elements). */
   int64_t collective_bytes_statistics; /* column sums, non-finite flags, failure flags */

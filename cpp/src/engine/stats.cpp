@@ -26,7 +26,10 @@ zf_engine_stats Engine::stats() const {
   s.selected_fraction = columns > 0 ? static_cast<double>(selected) / static_cast<double>(columns) : 0.0;
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
   // What the engine holds once it has stepped (allocated at first use: ensure_host_memory).
-  const auto slots = static_cast<int64_t>(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  // The host backend has no pinned staging slots: its host lane reads the device slots.
+  const auto slots = backend_->host_visible()
+                         ? int64_t{0}
+                         : static_cast<int64_t>(slot_stride_ * static_cast<size_t>(config_.staging_slots));
   const auto records = static_cast<int64_t>((kScalarRecords + 1) * sizeof(StepScalars));
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
