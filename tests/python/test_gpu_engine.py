@@ -453,7 +453,9 @@ def test_zenflow_adamw_checkpoint_across_cpu_and_cuda():
 # step, at the latest the 8th step call after it, or any flush; steps between run as usual;
 # the error is sticky until a load.
 
-SCALAR_RECORDS = 8  # the engine's ring of step-scalar records (engine.hpp kScalarRecords)
+SCALAR_RECORDS = (
+    8  # the engine's ring of step-scalar records (scalar_readback.hpp: ScalarReadback::kRecords)
+)
 
 
 def _nan_grads(t, dtype):

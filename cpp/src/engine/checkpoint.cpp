@@ -278,7 +278,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
     inflight_.reset();
   }
   backend_->synchronize();  // nothing in flight reads or writes the device state below
-  pending_scalars_.clear();
+  scalar_readback_.clear();
   slot_copied_.assign(slot_copied_.size(), nullptr);
   last_scatter_.reset();
   uploads_done_.reset();

@@ -242,13 +242,12 @@ Engine::~Engine() {
   } catch (const std::exception&) {
     // A failed device: nothing will run any more; free what is ours.
   }
-  pending_scalars_.clear();
+  scalar_readback_.release();
   slot_copied_.clear();
   last_scatter_.reset();
   uploads_done_.reset();
   host_slots_ = PinnedBuffer();
   upload_ = PinnedBuffer();
-  scalar_records_ = PinnedBuffer();
   if (device_owned_ && device_ != nullptr) backend_->free_device(device_);
 }
 
@@ -341,7 +340,7 @@ void Engine::setup_buckets_and_memory() {
   }
   col_sq_offset_ = take(col_sq_floats_ * 4);
   scalars_offset_ = take(sizeof(StepScalars));
-  scalar_ring_offset_ = take(kScalarRecords * sizeof(StepScalars));
+  scalar_ring_offset_ = take(ScalarReadback::device_bytes());
   flags_offset_ = take((flag_count() + agreement_slots()) * 4);  // one per statistics pass, at its first parameter
   total_sink_offset_ = take(4);
   chunk_sums_offset_ =
@@ -372,7 +371,7 @@ void Engine::release_host_memory() {
   }
   host_slots_ = PinnedBuffer();
   upload_ = PinnedBuffer();
-  scalar_records_ = PinnedBuffer();
+  scalar_readback_.release();
   host_memory_ready_ = false;
 }
 
@@ -390,7 +389,7 @@ void Engine::ensure_host_memory() {
   if (!backend_->host_visible())
     host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
   upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
-  scalar_records_ = PinnedBuffer(backend_.get(), (kScalarRecords + 1) * sizeof(StepScalars));
+  scalar_readback_.allocate(backend_.get());
   host_memory_ready_ = true;
 }
 

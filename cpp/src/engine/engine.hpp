@@ -27,6 +27,7 @@
 #include "common/thread_pool.hpp"
 #include "engine/backend.hpp"
 #include "engine/host_lane.hpp"
+#include "engine/scalar_readback.hpp"
 #include "engine/schedule.hpp"
 #include "ops/cpu_adamw_plan.hpp"
 #include "zenflow/engine.h"
@@ -209,8 +210,6 @@ class Engine {
   // A staging slot starts with a SlotHeader (step_scalars.hpp), copied down with the packed
   // gradient: the host accumulate applies its scale, or adds nothing when it says skip.
   static constexpr size_t kSlotHeaderBytes = 256;
-  // Step scalars copied down for a later look (CUDA without loss scaling): the ring's size.
-  static constexpr size_t kScalarRecords = 8;
   struct Matrix {
     size_t param;
     int64_t rows, cols, k;
@@ -310,7 +309,8 @@ class Engine {
   StepScalars readback_scalars(double* stall);
   void record_scalars_for_later();
   void check_recorded_scalars(bool wait);
-  void consume_scalars(size_t count);
+  // A recorded step's scalars, looked at: its norm, or a sticky failure if non-finite.
+  void on_recorded_scalars(const StepScalars& scalars, int64_t step);
   const float* col_sq_on_host(double* stall);
   // Blocking copies for the rare paths (selection, initialisation, checkpoints): ordered
   // after everything enqueued before them; complete when they return.
@@ -437,14 +437,7 @@ class Engine {
   PinnedBuffer host_slots_;
   PinnedBuffer upload_;  // U
   size_t upload_bytes_ = 0;
-  PinnedBuffer scalar_records_;  // kScalarRecords StepScalars, then one for readbacks
-  struct PendingScalars {
-    size_t record;
-    Event copied;
-    int64_t step;
-  };
-  std::vector<PendingScalars> pending_scalars_;
-  size_t next_record_ = 0;
+  ScalarReadback scalar_readback_;  // the step scalars on their way to the host
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
   Event uploads_done_;              // U is free once it completes

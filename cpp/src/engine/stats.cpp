@@ -30,7 +30,7 @@ zf_engine_stats Engine::stats() const {
   const auto slots = backend_->host_visible()
                          ? int64_t{0}
                          : static_cast<int64_t>(slot_stride_ * static_cast<size_t>(config_.staging_slots));
-  const auto records = static_cast<int64_t>((kScalarRecords + 1) * sizeof(StepScalars));
+  const auto records = static_cast<int64_t>(ScalarReadback::host_bytes());
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
   s.device_bytes = static_cast<int64_t>(device_bytes_);
@@ -44,7 +44,7 @@ zf_engine_stats Engine::stats() const {
 }
 
 size_t Engine::host_memory_capacity() const {
-  size_t bytes = host_slots_.size() + upload_.size() + scalar_records_.size();
+  size_t bytes = host_slots_.size() + upload_.size() + scalar_readback_.host_capacity();
   for (const Matrix& m : matrices_) {
     for (const std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
       bytes += v->capacity() * sizeof(float);

@@ -481,56 +481,32 @@ bool Engine::read_scalars_now() const {
 }
 
 StepScalars Engine::readback_scalars(double* stall) {
-  StepScalars* device = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
-  if (backend_->host_visible()) return *device;
-  const auto start = Clock::now();
-  auto* record = reinterpret_cast<StepScalars*>(scalar_records_.data()) + kScalarRecords;
-  download(record, device, sizeof(StepScalars));
-  if (stall != nullptr) *stall += seconds_since(start);
-  return *record;
+  return scalar_readback_.read_now(*backend_, reinterpret_cast<const StepScalars*>(device_ + scalars_offset_), stall);
 }
 
 void Engine::record_scalars_for_later() {
-  // CUDA without loss scaling: the step goes on without its scalars (a non-finite gradient
-  // makes every device op a no-op through the skip flag). They are copied into a ring and
-  // looked at by a later call, when the copy is long complete.
-  if (pending_scalars_.size() == kScalarRecords) consume_scalars(1);
-  const size_t record = next_record_;
-  next_record_ = (next_record_ + 1) % kScalarRecords;
-  // Through a device ring entry: the next step rewrites the scalars on the compute lane
-  // while this copy may still wait on the down lane; the entry is reused only after its copy
-  // was consumed above.
-  uint8_t* entry = device_ + scalar_ring_offset_ + record * sizeof(StepScalars);
-  backend_->copy_device(entry, device_ + scalars_offset_, sizeof(StepScalars));
-  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  auto* host = reinterpret_cast<StepScalars*>(scalar_records_.data()) + record;
-  backend_->copy_down(host, entry, sizeof(StepScalars));
-  pending_scalars_.push_back(PendingScalars{record, backend_->record(Lane::kDown), schedule_.step() + 1});
+  // CUDA without loss scaling: the step goes on without its scalars; a later call looks at
+  // them (scalar_readback.hpp).
+  scalar_readback_.record(
+      *backend_, reinterpret_cast<const StepScalars*>(device_ + scalars_offset_), device_ + scalar_ring_offset_,
+      schedule_.step() + 1, [this](const StepScalars& s, int64_t step) { on_recorded_scalars(s, step); },
+      &stall_readback_);
 }
 
 void Engine::check_recorded_scalars(bool wait) {
-  size_t ready = 0;
-  while (ready < pending_scalars_.size() && (wait || backend_->done(pending_scalars_[ready].copied))) ++ready;
-  consume_scalars(ready);
+  scalar_readback_.consume_ready(
+      *backend_, wait, [this](const StepScalars& s, int64_t step) { on_recorded_scalars(s, step); }, &stall_readback_);
 }
 
-void Engine::consume_scalars(size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    const PendingScalars pending = pending_scalars_.front();
-    pending_scalars_.erase(pending_scalars_.begin());
-    const auto start = Clock::now();
-    backend_->host_wait(pending.copied);
-    stall_readback_ += seconds_since(start);
-    const StepScalars s = reinterpret_cast<const StepScalars*>(scalar_records_.data())[pending.record];
-    if (s.nonfinite) {
-      pending_scalars_.clear();
-      fail_sticky(ZF_ERROR_INVALID_VALUE,
-                  "grads: a non-finite gradient (Inf or NaN) at step " + std::to_string(pending.step) +
-                      ", found after the step on the device: the step wrote nothing, but the engine's schedule "
-                      "moved on, so the engine refuses steps until it loads a state");
-    }
-    last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / gradient_divisor();
+void Engine::on_recorded_scalars(const StepScalars& s, int64_t step) {
+  if (s.nonfinite) {
+    scalar_readback_.clear();
+    fail_sticky(ZF_ERROR_INVALID_VALUE,
+                "grads: a non-finite gradient (Inf or NaN) at step " + std::to_string(step) +
+                    ", found after the step on the device: the step wrote nothing, but the engine's schedule "
+                    "moved on, so the engine refuses steps until it loads a state");
   }
+  last_norm_ = std::sqrt(static_cast<double>(s.total_sq)) / gradient_divisor();
 }
 
 const float* Engine::col_sq_on_host(double* stall) {
