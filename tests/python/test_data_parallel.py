@@ -410,9 +410,10 @@ def _failure_at_each_entry(rank: int, world_size: int):
 
 def _cuda_ranks(rank: int, world_size: int, steps: int):
     # CUDA parameters on one GPU shared by the ranks, over gloo (its collectives through host
-    # copies): the engine's CUDA backend in data parallel, on the stream order it promises.
+    # copies): the engine's CUDA backend in data parallel, on the stream order it promises
+    # (a bucket per parameter: each reduced during backward on the engine's reduction stream).
     model = _model().cuda()
-    opt = zenflow.ZenFlowAdamW(model.parameters(), **FIXED)
+    opt = zenflow.ZenFlowAdamW(model.parameters(), **{**FIXED, "bucket_bytes": 1})
     trajectory = []
     share = BATCH // world_size
     handle = opt.overlap_backward(model)
