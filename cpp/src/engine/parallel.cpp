@@ -417,12 +417,17 @@ void Engine::share_statistics() {
   // all-reduce carries both, and the slots come back to the host: the step's only wait for
   // the device before its decision.
   fold_agreement_ = false;
+  if (sticky_) {  // this rank failed during the step (a host-lane job): its slot says so
+    const int32_t failed = 2;
+    upload(device_int(flags_offset_) + flag_count() + rank_, &failed, 4);
+  }
   all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
   std::vector<int32_t> slots(agreement_slots(), 0);
   const auto start = std::chrono::steady_clock::now();
   download(slots.data(), device_int(flags_offset_) + flag_count(), slots.size() * 4);
   if (!backend_->host_visible())
     stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check_usable();  // this rank's own error first, as agree() rethrows its local one
   judge_agreement(Agreement::kSplitStep, slots, nullptr);
 }
 

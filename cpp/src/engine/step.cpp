@@ -550,7 +550,10 @@ void Engine::run_guarded(const std::function<void()>& phase) {
 }
 
 void Engine::step_statistics(const zf_tensor* grads, bool stats_done) {
-  check_usable();
+  // The end of a data-parallel split step raises a failure of this rank's (a host-lane job
+  // found failed while its last buckets were reduced) at its folded agreement, with the
+  // others, not here, where they would wait for it in the statistics' all-reduce.
+  if (!fold_agreement_) check_usable();
   initialize_state();
   // 1. statistics of every gradient (a split step has them from its submits): column sums of
   // squares and a non-finite flag per pass.
