@@ -817,6 +817,79 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
   EXPECT_GT(plain[0].final_stats.reselections, 0) << label << ": the run must re-select";
 }
 
+// Readiness in data parallel: a gradient is read when its bucket is reduced. Parameter 0's
+// bucket is reduced last (the order is backward's), so a second mark of parameter 0 right
+// after its first (another tensor: autograd replaced .grad) is simply the one read: the step
+// equals plain steps with the final gradients. A second mark after its bucket was reduced
+// fails end_step_with on every rank, and the next steps run on.
+TEST(EngineParallelSplit, AGradientMarkedAgainIsReadIfItsBucketWasNotReducedYet) {
+  const int world = 2;
+  const Model model = parallel_model(Dtypes::kF32);
+  zf_engine_config config = parallel_config(TrajectoryCase{world, Dtypes::kF32, 0.3, 3, true, true, false});
+  config.bucket_bytes = 64;
+  const int64_t steps = 6, late_step = 4;
+  const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, steps);
+  InProcessGroup plain_group(world), group(world);
+  const std::vector<RankRun> want = run_parallel(model, config, plain_group, stream, RunOptions{});
+  std::vector<std::vector<std::vector<HostTensor>>> params(world);  // per rank, after each step
+  std::vector<std::vector<zf_status>> ended(world);
+  std::vector<std::string> late_message(world);
+  run_ranks(world, [&](int r) {
+    Model mine = model;
+    zenflow::Engine engine(mine.tensors(), mine.param_groups, mine.groups, config);
+    const zf_engine_collectives c = group.collectives(r);
+    zenflow::check(zf_engine_set_collectives(engine.get(), &c));
+    std::deque<std::vector<HostTensor>> alive;
+    for (int64_t t = 1; t <= steps; ++t) {
+      alive.push_back(stream[static_cast<size_t>(t - 1)].rank[static_cast<size_t>(r)]);
+      std::vector<zf_tensor> final_grads = tensors_of(alive.back());
+      std::vector<HostTensor> first = alive.back();  // other values, in other memory
+      for (HostTensor& h : first)
+        for (int64_t e = 0; e < h.numel(); ++e) h.set(e, 100.0f);
+      std::vector<zf_tensor> first_grads = tensors_of(first);
+      engine.begin_step(step_lrs(mine, t));
+      const size_t n = final_grads.size();
+      if (t == late_step && r == 1) {
+        // every parameter once (each bucket reduced as it fills), then matrix 2 again (a
+        // dense parameter marked again is simply read at end_step)
+        for (size_t i = n; i > 0; --i) zenflow::check(zf_engine_mark_ready(engine.get(), i - 1, &final_grads[i - 1]));
+        zenflow::check(zf_engine_mark_ready(engine.get(), 2, &final_grads[2]));
+      } else {
+        zenflow::check(zf_engine_mark_ready(engine.get(), 0, &first_grads[0]));
+        zenflow::check(zf_engine_mark_ready(engine.get(), 0, &final_grads[0]));  // before its bucket's turn
+        for (size_t i = n; i > 1; --i) zenflow::check(zf_engine_mark_ready(engine.get(), i - 1, &final_grads[i - 1]));
+      }
+      const zf_status status = zf_engine_end_step_with(engine.get(), final_grads.data(), n);
+      ended[static_cast<size_t>(r)].push_back(status);
+      if (t == late_step) late_message[static_cast<size_t>(r)] = status == ZF_SUCCESS ? "" : zf_last_error();
+      params[static_cast<size_t>(r)].push_back(mine.params);
+    }
+  });
+  EXPECT_EQ(group.mismatches(), 0);
+  EXPECT_EQ(group.timeouts(), 0);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t t = 1; t <= steps; ++t)
+      EXPECT_EQ(ended[static_cast<size_t>(r)][static_cast<size_t>(t - 1)] == ZF_SUCCESS, t != late_step)
+          << "rank " << r << ", step " << t;
+  }
+  EXPECT_NE(late_message[1].find("grew after its bucket was reduced"), std::string::npos) << late_message[1];
+  EXPECT_NE(late_message[0].find("rank(s) 1 of 2 failed"), std::string::npos) << late_message[0];
+  for (int r = 0; r < world; ++r) {
+    const auto& mine = params[static_cast<size_t>(r)];
+    // Before the late step: plain steps with the final gradients, bit for bit.
+    for (int64_t t = 1; t < late_step; ++t)
+      for (size_t i = 0; i < mine[0].size(); ++i)
+        EXPECT_TRUE(mine[static_cast<size_t>(t - 1)][i].bitwise_equal(
+            want[static_cast<size_t>(r)].params[static_cast<size_t>(t - 1)][i]))
+            << "rank " << r << ", param " << i << " after step " << t;
+    // The refused step wrote no weight; the ranks stay equal after it.
+    for (size_t i = 0; i < mine[0].size(); ++i) {
+      EXPECT_TRUE(mine[late_step - 1][i].bitwise_equal(mine[late_step - 2][i])) << "rank " << r << ", param " << i;
+      EXPECT_TRUE(mine[steps - 1][i].bitwise_equal(params[0][steps - 1][i])) << "rank " << r << ", param " << i;
+    }
+  }
+}
+
 // The split step on simulated asynchronous devices (each rank's lanes run lazily in random
 // orders; collectives in stream order): the reduction lane is ordered against the compute
 // lane (the gradients, the scratch, the staging slots) and the result is the host backend's
