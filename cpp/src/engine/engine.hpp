@@ -373,9 +373,10 @@ class Engine {
   void reduce_gradients(const zf_tensor* grads, bool whole);
   void reduce_dense(const zf_tensor* grads);
   void reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole);
-  // The matrices' column sums, then the flags, all-reduced; in a split step the flags carry
-  // end_step's agreement (one slot per rank after them), checked here.
-  void share_statistics();
+  // The matrices' column sums, then the flags, all-reduced. At the end of a split step the
+  // flags carry its agreement (one slot per rank after them), judged here: `local` (this
+  // rank's refusal, or none) is rethrown, another rank's failure raised.
+  void share_statistics(bool end_of_split_step, std::exception_ptr local);
   // The split step's in-backward reductions: buckets in a fixed order every rank follows
   // (the last first: backward's), each on the reduction lane once its matrices are all
   // submitted (reduce_ready_buckets) or at end_step (reduce_remaining_buckets).
@@ -392,6 +393,11 @@ class Engine {
   // A split step's bookkeeping of its buckets (the early path's and data parallel's), and its
   // non-finite flags and agreement slots zeroed.
   void start_split_reductions();
+  // Whether the next step is a selection step (a peek: the schedule does not move).
+  bool next_step_selects() const {
+    Schedule peek = schedule_;
+    return peek.begin_step().select;
+  }
   void drop_split_step();
   void gather_upload(Bucket& b);
   // Sums `array_count` float arrays of `floats_each` and `steps` over the ranks (selection).
@@ -504,8 +510,8 @@ class Engine {
   // Data parallel split step: its buckets are reduced as they fill (reduce_ready_buckets);
   // split_select_: it is a selection step (every column all-reduced); buckets_reduced_: how
   // many, in bucket_in_reduce_order; bucket_reduced_: per bucket (a late gradient there is
-  // refused); fold_agreement_: end_step's agreement rides on share_statistics.
-  bool reduce_in_backward_ = false, split_select_ = false, fold_agreement_ = false;
+  // refused).
+  bool split_select_ = false;
   size_t buckets_reduced_ = 0;
   std::vector<uint8_t> bucket_reduced_;
   bool update_pending_ = false;  // a host update was started whose upload has not run

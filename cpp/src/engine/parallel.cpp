@@ -395,7 +395,7 @@ void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
   }
 }
 
-void Engine::share_statistics() {
+void Engine::share_statistics(bool end_of_split_step, std::exception_ptr local) {
   // Each matrix column's sum counts once: from the rank owning it (its reduced gradient is
   // there). x + 0 is exact, so the all-reduced sums are the owners' bits, on every rank. The
   // dense parameters' sums are not shared: their gradients are all-reduced, the same bits on
@@ -407,18 +407,18 @@ void Engine::share_statistics() {
     backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
   }
   all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
-  if (!fold_agreement_) {
+  if (!end_of_split_step) {
     all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
     return;
   }
-  // A split step's end: the ranks agreed at begin_step and ran the same collectives since; a
-  // rank that refuses its end writes its slot after the flags (end_split_step_refused), a
-  // rank that goes on leaves its slot 0 (zeroed at begin_step: no upload, no wait). One
-  // all-reduce carries both, and the slots come back to the host: the step's only wait for
-  // the device before its decision.
-  fold_agreement_ = false;
-  if (sticky_) {  // this rank failed during the step (a host-lane job): its slot says so
-    const int32_t failed = 2;
+  // A split step's end: the ranks agreed at begin_step and ran the same collectives since. A
+  // rank that goes on leaves its slot after the flags 0 (zeroed at begin_step: no upload, no
+  // wait); one that refuses its end (`local`, end_split_step_refused) or failed during the
+  // step (a host-lane job: sticky) writes 1 or 2. One all-reduce carries both, and the slots
+  // come back to the host: the step's only wait for the device before its decision.
+  if (!local && sticky_) local = std::make_exception_ptr(Error(sticky_status_, sticky_message_));
+  if (local) {
+    const int32_t failed = sticky_ ? 2 : 1;
     upload(device_int(flags_offset_) + flag_count() + rank_, &failed, 4);
   }
   all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
@@ -427,8 +427,7 @@ void Engine::share_statistics() {
   download(slots.data(), device_int(flags_offset_) + flag_count(), slots.size() * 4);
   if (!backend_->host_visible())
     stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  check_usable();  // this rank's own error first, as agree() rethrows its local one
-  judge_agreement(Agreement::kSplitStep, slots, nullptr);
+  judge_agreement(Agreement::kSplitStep, slots, local);
 }
 
 void Engine::gather_upload(Bucket& b) {

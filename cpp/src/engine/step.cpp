@@ -92,17 +92,14 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   // end_step. Any other step starts at submit (the schedule is not advanced by a peek). A
   // data-parallel one reduces each bucket as it fills, then takes its statistics and (but at
   // a selection step) packs and copies it down.
-  Schedule peek = schedule_;
-  early_ = !peek.begin_step().select && !parallel();
+  early_ = !next_step_selects() && !parallel();
   if (early_ || parallel()) start_split_reductions();
   in_split_step_ = true;
 }
 
 void Engine::start_split_reductions() {
   ensure_device_memory();
-  Schedule peek = schedule_;
-  split_select_ = peek.begin_step().select;
-  reduce_in_backward_ = parallel();
+  split_select_ = next_step_selects();
   buckets_reduced_ = 0;
   backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
   bucket_pending_.assign(buckets_.size(), 0);
@@ -152,7 +149,7 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
   }
-  if (reduce_in_backward_) {
+  if (parallel()) {  // its buckets are reduced as they fill
     for (size_t j = 0; j < count; ++j) {
       const Param& p = params_[first + j];
       if (p.matrix) --bucket_pending_[matrices_[p.index].bucket];
@@ -201,14 +198,7 @@ void Engine::end_step() {
     throw;
   }
   const StepInputs inputs = close_split_step();
-  fold_agreement_ = true;
-  try {
-    run_step(inputs.grads, inputs.lrs, inputs.stats_done);
-  } catch (...) {
-    fold_agreement_ = reduce_in_backward_ = false;
-    throw;
-  }
-  reduce_in_backward_ = false;
+  run_step(inputs.grads, inputs.lrs, inputs.stats_done);
 }
 
 void Engine::end_split_step_refused(const std::exception_ptr& local) {
@@ -216,28 +206,24 @@ void Engine::end_split_step_refused(const std::exception_ptr& local) {
   // gradients, the column sums, the flags), with zeros, then this rank's slot in the folded
   // agreement: every rank raises, nothing of the step is applied anywhere.
   const ParallelStepScope scope(*this);
-  const int32_t flag = sticky_ ? 2 : 1;
   try {
     ensure_device_memory();
     reduce_remaining_buckets(true);
     reduce_dense(nullptr);
     backend_->fill_device_zero(device_ + col_sq_offset_, matrix_col_floats_ * 4);
-    all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
     backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
-    upload(device_int(flags_offset_) + flag_count() + rank_, &flag, 4);
-    all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
+    share_statistics(true, local);  // rethrows `local`, or a failed collective's error
   } catch (...) {
     drop_split_step();
-    throw;  // a collective failed: the communicator's error, sticky
+    throw;
   }
   drop_split_step();
-  std::rethrow_exception(local);
+  std::rethrow_exception(local);  // not reached
 }
 
 void Engine::drop_split_step() {
   cancel_early_buckets();
   in_split_step_ = false;
-  reduce_in_backward_ = fold_agreement_ = false;
   buckets_reduced_ = 0;
   deferred_split_error_ = nullptr;
   submitted_.clear();
@@ -256,7 +242,7 @@ void Engine::check_end_step_arguments() const {
 Engine::StepInputs Engine::close_split_step() {
   in_split_step_ = false;
   // Data parallel: the matrices' statistics were taken as their buckets were reduced.
-  return StepInputs{submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_ || reduce_in_backward_};
+  return StepInputs{submitted_.data(), split_has_lrs_ ? split_lrs_.data() : nullptr, early_ || parallel()};
 }
 
 void Engine::abort_step() {
@@ -550,29 +536,30 @@ void Engine::run_guarded(const std::function<void()>& phase) {
 }
 
 void Engine::step_statistics(const zf_tensor* grads, bool stats_done) {
-  // The end of a data-parallel split step raises a failure of this rank's (a host-lane job
-  // found failed while its last buckets were reduced) at its folded agreement, with the
-  // others, not here, where they would wait for it in the statistics' all-reduce.
-  if (!fold_agreement_) check_usable();
+  // The end of a data-parallel split step (its statistics taken at submit) raises a failure
+  // of this rank's (a host-lane job found failed while its last buckets were reduced) at its
+  // folded agreement, with the others, not here, where they would wait for it in the
+  // statistics' all-reduce.
+  const bool end_of_split_step = parallel() && stats_done;
+  if (!end_of_split_step) check_usable();
   initialize_state();
   // 1. statistics of every gradient (a split step has them from its submits): column sums of
   // squares and a non-finite flag per pass.
   // Data parallel: the gradients are reduced first (every column at a selection step), and
   // the statistics are of the reduced gradient, shared by every rank.
   // A split step reduced its buckets and took their statistics during backward.
-  if (reduce_in_backward_) {
+  if (end_of_split_step) {
     reduce_dense(grads);
     dense_statistics(grads);
   } else if (parallel()) {
-    Schedule peek = schedule_;
-    reduce_gradients(grads, peek.begin_step().select);
+    reduce_gradients(grads, next_step_selects());
   }
   if (!stats_done) {
     backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
     backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
                            device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
   }
-  if (parallel()) share_statistics();
+  if (parallel()) share_statistics(end_of_split_step, nullptr);
   // One engine of a group over several devices: its partial, which the group exchanges.
   if (part_.count > 1)
     backend_->scalar_partial(partial(part_.index), device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
