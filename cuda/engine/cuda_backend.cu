@@ -207,9 +207,11 @@ class CudaBackend final : public Backend {
     states_.resize(count);
     lr_.resize(count);
     weight_decay_.resize(count);
+    grads_compact_.resize(count);
     for (size_t i = 0; i < count; ++i) {
       const AdamwSelectedMatrix& m = matrices[i];
       const AdamwSelectedPointers& p = pointers[i];
+      grads_compact_[i] = p.grad_compact ? 1 : 0;
       params_[i] = device_tensor(p.param, m.param_dtype, device_, m.rows, m.cols);
       grads_[i] = device_tensor(p.grad, m.grad_dtype, device_, m.rows, m.cols);
       // A dense parameter is [numel, 1] with its one column selected: index 0.
@@ -224,9 +226,10 @@ class CudaBackend final : public Backend {
       lr_[i] = p.lr;
       weight_decay_[i] = p.weight_decay;
     }
-    const AdamwSelectedArgs args{params_.data(), grads_.data(),        selected_.data(),     states_.data(),
-                                 count,          lr_.data(),           weight_decay_.data(), nullptr,
-                                 plan.hparams(), &scalars->grad_scale, &scalars->skip,       device_};
+    const AdamwSelectedArgs args{
+        params_.data(),       grads_.data(), selected_.data(), states_.data(),       count,          lr_.data(),
+        weight_decay_.data(), nullptr,       plan.hparams(),   &scalars->grad_scale, &scalars->skip, device_,
+        grads_compact_.data()};
     cuda_ops().adamw_selected_columns(args, ops_stream());
   }
 
@@ -431,6 +434,7 @@ class CudaBackend final : public Backend {
   std::vector<zf_tensor> params_, grads_, selected_, views_;
   std::vector<zf_column_state> states_;
   std::vector<double> lr_, weight_decay_;
+  std::vector<uint8_t> grads_compact_;  // per matrix: its gradient is the compact copy
 };
 
 const bool registered = [] {

@@ -35,6 +35,7 @@ void adamw_selected_columns(const AdamwSelectedArgs& args, zf_stream stream) {
     mat.column_tiles = static_cast<int32_t>((k + kAdamwColumnsPerBlock - 1) / kAdamwColumnsPerBlock);
     mat.param_dtype = args.params[i].dtype;
     mat.grad_dtype = args.grads[i].dtype;
+    mat.grad_compact = args.grads_compact != nullptr && args.grads_compact[i] != 0 ? 1 : 0;
     mat.lr = args.lr ? args.lr[i] : 0.0;
     mat.lr_index = static_cast<int32_t>(i);
     mat.weight_decay = args.weight_decay[i];

@@ -63,7 +63,8 @@ struct AdamwMatrix {
   int32_t column_tiles;  // ceil(k / kAdamwColumnsPerBlock)
   int32_t param_dtype;
   int32_t grad_dtype;
-  int32_t lr_index;  // this matrix's entry of the call's lr_device array
+  int32_t grad_compact;  // 1: grad holds the selected columns only, [k, rows] (pack.h's layout)
+  int32_t lr_index;      // this matrix's entry of the call's lr_device array
   double lr;
   double weight_decay;
 };
@@ -149,7 +150,7 @@ __device__ inline void adamw_update_rows(const AdamwMatrix& mat, int64_t c, int6
       if (r < row_end) {
         const int64_t element = row_major_index(mat.cols, r, column);
         const int64_t slot = row_major_index(mat.k, r, c);
-        g_bits[j] = grad[element];
+        g_bits[j] = grad[mat.grad_compact ? c * mat.rows + r : element];
         if (has_master) {
           p[j] = mat.master[slot];
         } else {

@@ -138,4 +138,10 @@ class _OverlapMixin:
                     self._engine_on_stream().begin_step(self._learning_rates())
                     self._split = "open"
             if self._split == "open":
-                self._engine_on_stream().mark_ready(i, self._gradient(param))
+                engine = self._engine_on_stream()
+                engine.mark_ready(i, self._gradient(param))
+                if self._settings["release_gradients"]:
+                    # The engine holds nothing of these any more: free them during backward.
+                    for j in engine.take_released():
+                        self._released.add(j)
+                        self._layout.params[j].grad = None

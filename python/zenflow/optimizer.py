@@ -185,6 +185,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         consecutive_hysteresis: bool = ENGINE_DEFAULTS["consecutive_hysteresis"],
         min_loss_scale: float | None = ENGINE_DEFAULTS["min_loss_scale"],
         update_lag: int | str = ENGINE_DEFAULTS["update_lag"],
+        release_gradients: bool = ENGINE_DEFAULTS["release_gradients"],
         limit_torch_threads: bool = True,
         process_group: Any = None,
     ):
@@ -199,6 +200,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         self._overlap_handle: _OverlapHandle | None = None
         self._no_sync_depth = 0
         self._split: str | None = None  # overlap_backward's step: None, "open" or "stale"
+        self._released: set[int] = set()  # release_gradients: indices freed in the open step
         self._loss_scaled = False
         self._torch_threads_before: int | None = None  # restored by close()
         if not isinstance(limit_torch_threads, bool):
@@ -377,9 +379,10 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             with torch.enable_grad():
                 loss = closure()
         split, self._split = self._split, None
+        released, self._released = self._released, set()
         self._engine_reached = False
         try:
-            self._step(split)
+            self._step(split, released)
         except BaseException:
             if not self._engine_reached:
                 # Refused here, before the engine: in data parallel the other ranks are in
@@ -394,7 +397,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             self._overlap_handle.refresh()  # parameters that started requiring grad
         return loss
 
-    def _step(self, split: str | None) -> None:
+    def _step(self, split: str | None, released: set[int]) -> None:
         if self._engine is not None:
             # The engine refuses a capturing stream (a CUDA graph) with the reason: let it say
             # so before anything below synchronises (GradScaler's found_inf.item()).
@@ -431,6 +434,11 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         layout = self._layout
         self._engine_reached = True  # from here on, every refusal is the engine's own
         if self._engine_is_stale(layout):
+            if released:
+                raise ValueError(
+                    "param_groups: changed during a backward whose gradients the engine already "
+                    "released (release_gradients); the step was not taken"
+                )
             if split == "open":
                 self._engine_on_stream().abort_step()
             split = None
@@ -439,9 +447,11 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         self._hand_over_hyperparameters()
         grads = []
         missing = 0
-        for p in layout.params:
+        for index, p in enumerate(layout.params):
             g = p.grad
-            if g is None:
+            if index in released:
+                g = None  # released in backward: the engine does not read it
+            elif g is None:
                 g = self._gradient(p)
                 missing += 1
             grads.append(g)
@@ -463,6 +473,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         """torch's zero_grad. A step that overlap_backward opened and step() did not finish
         (a backward that raised) is discarded first: the engine is as before it."""
         split, self._split = self._split, None
+        self._released = set()
         if split == "open":
             self._engine_on_stream().abort_step()
         super().zero_grad(set_to_none=set_to_none)

@@ -53,6 +53,10 @@ struct RunOptions {
   // (runs submitted, buckets copied down), then again with the step's own, so that
   // end_step_with retakes the step whole.
   bool ready_retake = false;
+  // release_gradients: every gradient marked ready in backward's order; each one the engine
+  // reports released is poisoned at once (NaN: the caller reuses its memory) and given to
+  // end_step_with as NULL. On the host backend, checks what each step held (the stats).
+  bool release = false;
   bool fp16_overflow = false;
   int64_t update_interval = 3;
   bool clip = true;
@@ -90,6 +94,61 @@ zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOp
   return engine;
 }
 
+// One step driven as a backward's hooks drive it with release_gradients: each gradient marked
+// ready (last parameter first); after each, the released ones are taken (two at a time: the
+// rest come with the next call) and poisoned, and go to end_step_with as NULL. With
+// `check_held` (one engine on the host backend, where a release is reported at once): a step
+// releases every matrix (and then held at most its largest bucket and the dense gradients at
+// once) or none (a selection step: it held every gradient).
+size_t release_step(zenflow::Engine& engine, const Model& model, std::vector<HostTensor>& grads,
+                    const std::vector<double>& lrs, bool check_held) {
+  std::vector<zf_tensor> g = tensors_of(grads);
+  std::vector<zf_tensor> at_end = g;
+  engine.begin_step(lrs);
+  size_t released = 0;
+  for (size_t i = g.size(); i-- > 0;) {
+    EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &g[i]), ZF_SUCCESS) << zf_last_error();
+    size_t taken[2], count = 0;
+    do {
+      EXPECT_EQ(zf_engine_take_released(engine.get(), taken, 2, &count), ZF_SUCCESS) << zf_last_error();
+      for (size_t r = 0; r < count; ++r) {
+        if (taken[r] >= g.size() || at_end[taken[r]].data == nullptr) {
+          ADD_FAILURE() << "parameter " << taken[r] << " out of range or released twice";
+          return released;
+        }
+        for (int64_t e = 0; e < grads[taken[r]].numel(); ++e) grads[taken[r]].set(e, NAN);
+        at_end[taken[r]].data = nullptr;
+        ++released;
+      }
+    } while (count == 2);
+  }
+  EXPECT_EQ(zf_engine_end_step_with(engine.get(), at_end.data(), at_end.size()), ZF_SUCCESS) << zf_last_error();
+  size_t count = 1;
+  EXPECT_EQ(zf_engine_take_released(engine.get(), nullptr, 0, &count), ZF_SUCCESS);
+  EXPECT_EQ(count, 0u);  // nothing outside a split step
+  if (!check_held) return released;
+  size_t matrices = 0;
+  int64_t dense_bytes = 0, all_bytes = 0, largest_bucket = 0;
+  for (const HostTensor& p : model.params) {
+    const auto bytes = static_cast<int64_t>(p.numel() * zf_dtype_size(p.dtype));
+    all_bytes += bytes;
+    if (p.shape.size() >= 2 && &p != &model.params[5])
+      ++matrices;  // parameter 5 is in the dense group
+    else
+      dense_bytes += bytes;
+  }
+  for (const zf::testing::BucketSpan& b : zf::testing::buckets(engine.get()))
+    largest_bucket = std::max(largest_bucket, static_cast<int64_t>(b.max_bytes));
+  const zf_engine_stats stats = engine.stats();
+  if (released == 0) {
+    EXPECT_EQ(stats.held_gradient_bytes_peak, all_bytes) << "a selection step holds every gradient";
+  } else {
+    EXPECT_EQ(released, matrices);
+    EXPECT_LE(stats.held_gradient_bytes_peak, largest_bucket + dense_bytes);
+  }
+  return released;
+}
+
 // Parameters after every step (the backend synchronised), then the whole saved state.
 std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
   Model model = standard_model(o.fp16_overflow ? ZF_DTYPE_F16 : (o.fp32 ? ZF_DTYPE_F32 : ZF_DTYPE_BF16), 11);
@@ -107,9 +166,11 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     c.initial_scale = 8.0;
     c.growth_interval = 3;
   }
+  c.release_gradients = o.release ? 1 : 0;
   zenflow::Engine engine = make_engine(model, c, o);
   std::vector<std::vector<HostTensor>> out;
   std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
+  int64_t steps_released = 0;
   for (int64_t t = 1; t <= 13; ++t) {
     alive.push_back(make_grads(model, t, true, 3));
     std::vector<HostTensor>& grads = alive.back();
@@ -127,6 +188,9 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
       for (size_t i = g.size(); i-- > 0;) EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &first[i]), ZF_SUCCESS);
       for (size_t i = g.size(); i-- > 0;) EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &g[i]), ZF_SUCCESS);
       EXPECT_EQ(zf_engine_end_step_with(engine.get(), g.data(), g.size()), ZF_SUCCESS) << zf_last_error();
+    } else if (o.release) {
+      const size_t released = release_step(engine, model, grads, step_lrs(model, t), !o.simulated && o.parts.empty());
+      steps_released += released > 0 ? 1 : 0;
     } else if (o.split) {
       // a backward that failed half way first: some gradients submitted (buckets packed and
       // copied down at submit), then the step discarded
@@ -159,6 +223,9 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     zf::testing::synchronize_backend(engine.get());
     out.push_back(model.params);
   }
+  // Releasing on the host backend: every step but the selection steps (1, 5 and 9; 10 of 13
+  // steps release, 11 with fp16, whose overflow step moves the schedule).
+  if (o.release && !o.simulated && o.parts.empty()) EXPECT_GE(steps_released, 9);
   engine.flush();
   zf::testing::synchronize_backend(engine.get());
   out.push_back(model.params);
@@ -223,6 +290,68 @@ TEST(EngineLaneOrdering, AStepRetakenByReadinessMatchesThePlainStepInAnyInterlea
   RunOptions plain_parts;
   plain_parts.parts = o.parts;
   expect_same(trajectory(plain_parts), trajectory(o), "retaken, 2 parts");
+}
+
+// Gradient release: the engine never reads a gradient after reporting it released (each is
+// poisoned then), and the run equals plain steps bit for bit: overlap on and off, fixed and
+// auto windows, fp32, bf16 and fp16 with an overflow step, clipping, re-selections; on the
+// host backend, the simulated asynchronous one and two parts (as on two devices).
+class EngineReleaseGradients : public ::testing::TestWithParam<std::tuple<bool, int, int64_t>> {};
+
+TEST_P(EngineReleaseGradients, ReleasedGradientsAreNeverReadAndTheRunIsUnchanged) {
+  RunOptions o;
+  int dtype = 0;
+  std::tie(o.overlap, dtype, o.update_interval) = GetParam();
+  o.fp32 = dtype == 1;
+  o.fp16_overflow = dtype == 2;
+  const auto reference = trajectory(o);
+  o.release = true;
+  expect_same(reference, trajectory(o), "released, host backend");
+  o.simulated = true;
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    o.seed = seed;
+    o.eagerness = seed == 1 ? 0 : 60;
+    o.slow_copies = seed == 2;
+    expect_same(reference, trajectory(o), "released, simulated asynchronous backend");
+  }
+  o.simulated = false;
+  o.parts = {0, 1, 0, 1, 0, 1};
+  RunOptions plain_parts = o;
+  plain_parts.release = false;
+  expect_same(trajectory(plain_parts), trajectory(o), "released, 2 parts");
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapDtypeWindow, EngineReleaseGradients,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 1, 2),
+                                            ::testing::Values(int64_t{3}, int64_t{0})));
+
+TEST(EngineReleaseGradients, AGradientArrivingAgainAfterItsSubmitIsRefusedAndChangesNothing) {
+  Model model = standard_model(ZF_DTYPE_BF16, 11);
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.release_gradients = 1;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+  std::vector<HostTensor> first = make_grads(model, 1, true, 3);
+  engine.step(tensors_of(first), step_lrs(model, 1));
+  zenflow::EngineState before = engine.save_state();
+  const std::vector<HostTensor> params = model.params;
+  std::vector<HostTensor> grads = make_grads(model, 2, true, 3);
+  std::vector<zf_tensor> g = tensors_of(grads);
+  engine.begin_step(step_lrs(model, 2));
+  for (size_t i = g.size(); i-- > 0;) ASSERT_EQ(zf_engine_mark_ready(engine.get(), i, &g[i]), ZF_SUCCESS);
+  ASSERT_EQ(zf_engine_mark_ready(engine.get(), 0, &g[0]), ZF_SUCCESS);  // reentrant checkpointing
+  EXPECT_EQ(zf_engine_end_step_with(engine.get(), g.data(), g.size()), ZF_ERROR_INVALID_VALUE);
+  EXPECT_NE(std::string(zf_last_error()).find("grads[0]: its gradient arrived again"), std::string::npos)
+      << zf_last_error();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].bitwise_equal(model.params[i])) << i;
+  zenflow::EngineState after = engine.save_state();
+  ASSERT_EQ(before.layout.size(), after.layout.size());
+  for (size_t e = 0; e < before.layout.size(); ++e)
+    EXPECT_EQ(std::memcmp(before.data(e), after.data(e), before.layout[e].bytes), 0) << "state entry " << e;
+  size_t count = 0;
+  EXPECT_EQ(zf_engine_take_released(engine.get(), nullptr, 1, &count), ZF_ERROR_INVALID_VALUE);
+  EXPECT_EQ(zf_engine_take_released(engine.get(), nullptr, 0, nullptr), ZF_ERROR_INVALID_VALUE);
+  engine.step(g, step_lrs(model, 2));  // the engine goes on
 }
 
 TEST(EngineLaneOrdering, Fp32WeightsAreTheirOwnMasterInAnyInterleaving) {

@@ -23,6 +23,7 @@
 #include <random>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,7 @@ struct RankRun {
   // Split forms: per step, the parameters whose gradient was already reduced (changed in
   // place) when the last one was handed over, before end_step.
   std::vector<size_t> reduced_before_end;
+  size_t released = 0;  // gradients the engine released (config.release_gradients), over the run
 };
 
 // How a rank hands its gradients over: a plain step, a split step (begin_step, one submit
@@ -204,6 +206,10 @@ struct RunOptions {
   bool probe = false;                    // save after every step
   bool save_at_end = false;              // save once after the last step
   zenflow::EngineState* load = nullptr;  // a state every engine loads before stepping
+  // Split forms with config.release_gradients: after each hand-over the released gradients
+  // are taken and poisoned (NaN: the caller reuses their memory), and end_step_with gets them
+  // as NULL.
+  bool release = false;
 };
 
 // Collectives in stream order on a simulated asynchronous backend: each call first runs the
@@ -297,6 +303,17 @@ void run_engine(const Model& start, const zf_engine_config& config, InProcessGro
             zenflow::check(zf_engine_submit(engine.get(), i, &tensors[i], 1));
           else
             zenflow::check(zf_engine_mark_ready(engine.get(), i, &tensors[i]));
+          size_t taken[4], count = 0;
+          do {
+            zenflow::check(zf_engine_take_released(engine.get(), taken, 4, &count));
+            for (size_t k = 0; k < count; ++k) {
+              if (!options.release || taken[k] >= g.size() || tensors[taken[k]].data == nullptr)
+                throw std::runtime_error("parameter " + std::to_string(taken[k]) + " released out of turn");
+              for (int64_t e = 0; e < g[taken[k]].numel(); ++e) g[taken[k]].set(e, NAN);
+              tensors[taken[k]].data = nullptr;
+              ++out.released;
+            }
+          } while (count == 4);
         }
         size_t changed = 0;
         for (size_t i = 0; i < g.size(); ++i)
@@ -745,7 +762,8 @@ struct SplitCase {
   int64_t update_interval;
   bool overlap;
   Form form;
-  int plain_rank;  // a rank whose backward handed nothing over: it steps plainly
+  int plain_rank;        // a rank whose backward handed nothing over: it steps plainly
+  bool release = false;  // config.release_gradients (the split run only)
 };
 
 std::string split_case_name(const SplitCase& c) {
@@ -753,10 +771,17 @@ std::string split_case_name(const SplitCase& c) {
   s << "world" << c.world << "_" << dtypes_name(c.dtypes) << "_interval" << c.update_interval
     << (c.overlap ? "_overlap" : "_serial") << (c.form == Form::kSplit ? "_submit" : "_ready");
   if (c.plain_rank >= 0) s << "_plain" << c.plain_rank;
+  if (c.release) s << "_release";
   return s.str();
 }
 
 void PrintTo(const SplitCase& c, std::ostream* os) { *os << split_case_name(c); }
+
+size_t model_matrices(const Model& model) {
+  size_t n = 0;
+  for (size_t i = 0; i < model.params.size(); ++i) n += model.matrix(i) ? 1 : 0;
+  return n;
+}
 
 class EngineParallelSplit : public ::testing::TestWithParam<SplitCase> {};
 
@@ -778,9 +803,12 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
   plain_options.probe = split_options.probe = true;
   split_options.form = c.form;
   split_options.plain_rank = c.plain_rank;
+  split_options.release = c.release;
+  zf_engine_config split_config = config;
+  split_config.release_gradients = c.release ? 1 : 0;
   InProcessGroup plain_group(c.world), split_group(c.world);
   const std::vector<RankRun> plain = run_parallel(model, config, plain_group, stream, plain_options);
-  const std::vector<RankRun> split = run_parallel(model, config, split_group, stream, split_options);
+  const std::vector<RankRun> split = run_parallel(model, split_config, split_group, stream, split_options);
   EXPECT_EQ(split_group.timeouts(), 0) << label;
   EXPECT_EQ(split_group.mismatches(), 0) << label << ": the ranks' collectives differ";
   for (int r = 0; r < c.world; ++r) {
@@ -793,6 +821,7 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
       for (size_t i = 0; i < want.params[s].size(); ++i) {
         ASSERT_TRUE(got.params[s][i].bitwise_equal(want.params[s][i]))
             << label << ": rank " << r << ", param " << i << " after step " << s + 1;
+        if (c.release) continue;  // released gradients were poisoned
         ASSERT_TRUE(got.grads[s][i].bitwise_equal(want.grads[s][i]))
             << label << ": rank " << r << ", the reduced gradient of param " << i << " at step " << s + 1;
       }
@@ -813,6 +842,8 @@ TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
           << label << ": rank " << r << " reduced nothing before end_step";
     }
     EXPECT_EQ(got.final_stats.reselections, want.final_stats.reselections) << label;
+    // Released on the steps that are not selection steps, every matrix each time.
+    if (c.release && r != c.plain_rank) EXPECT_GE(got.released, 3u * model_matrices(model)) << label << ", rank " << r;
   }
   EXPECT_GT(plain[0].final_stats.reselections, 0) << label << ": the run must re-select";
 }
@@ -894,7 +925,8 @@ TEST(EngineParallelSplit, AGradientMarkedAgainIsReadIfItsBucketWasNotReducedYet)
 // orders; collectives in stream order): the reduction lane is ordered against the compute
 // lane (the gradients, the scratch, the staging slots) and the result is the host backend's
 // plain steps, bit for bit. Removing the reduction lane's wait for the compute lane, or the
-// compute lane's for the reductions at end_step, fails it.
+// compute lane's for the reductions at end_step, fails it. Seeds 5 and 6 release the
+// gradients (poisoned once reported).
 TEST(EngineParallelSplit, OnAsynchronousDevicesMatchesPlainStepsBitForBit) {
   for (int world : {2, 3}) {
     for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
@@ -905,7 +937,9 @@ TEST(EngineParallelSplit, OnAsynchronousDevicesMatchesPlainStepsBitForBit) {
       config.bucket_bytes = 64;
       config.staging_slots = 2;
       const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, 10);
+      config.release_gradients = seed >= 5 ? 1 : 0;  // the plain run is the same with it
       RunOptions plain_options, simulated;
+      simulated.release = seed >= 5;
       simulated.form = seed % 3 == 2 ? Form::kReady : Form::kSplit;
       simulated.simulated_seed = seed;
       simulated.sync_every_step = seed <= 3;
@@ -918,6 +952,7 @@ TEST(EngineParallelSplit, OnAsynchronousDevicesMatchesPlainStepsBitForBit) {
         const RankRun& b = want[static_cast<size_t>(r)];
         ASSERT_TRUE(a.error.empty()) << label << ", rank " << r << ": " << a.error;
         ASSERT_TRUE(b.error.empty()) << label << ": " << b.error;
+        if (simulated.release) EXPECT_GT(a.released, 0u) << label << ", rank " << r;
         const size_t skipped = b.params.size() - a.params.size();  // not kept without a sync
         for (size_t s = 0; s < a.params.size(); ++s)
           for (size_t i = 0; i < b.params[s].size(); ++i)
@@ -938,6 +973,11 @@ std::vector<SplitCase> split_cases() {
     out.push_back(SplitCase{world, Dtypes::kBF16, 3, true, Form::kReady, -1});
     out.push_back(SplitCase{world, Dtypes::kMixed, 0, true, Form::kSplit, world - 1});
     out.push_back(SplitCase{world, Dtypes::kMixed, 3, false, Form::kReady, 0});
+    // release_gradients: fp32, bf16 and mixed, fixed and auto windows, overlap on and off
+    out.push_back(SplitCase{world, Dtypes::kF32, 3, true, Form::kReady, -1, true});
+    out.push_back(SplitCase{world, Dtypes::kBF16, 0, true, Form::kReady, -1, true});
+    out.push_back(SplitCase{world, Dtypes::kMixed, 1, false, Form::kSplit, -1, true});
+    out.push_back(SplitCase{world, Dtypes::kMixed, 3, true, Form::kReady, world - 1, true});
   }
   return out;
 }

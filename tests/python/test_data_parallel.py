@@ -529,6 +529,51 @@ def _in_backward_reductions(rank: int, world_size: int, steps: int):
     return out
 
 
+def _release_gradients(rank: int, world_size: int, steps: int, dtype: torch.dtype):
+    """overlap_backward with and without release_gradients (a bucket per matrix, clipping):
+    the weights after each step, and per step the most gradient bytes alive at once (seen by
+    a hook before the engine's) and whether the step selected."""
+    share = BATCH // world_size
+    settings = {**FIXED, "bucket_bytes": 1, "max_grad_norm": 0.5}
+    out = {}
+    for release in (False, True):
+        model = _model().to(dtype)
+        opt = zenflow.ZenFlowAdamW(model.parameters(), release_gradients=release, **settings)
+        params = list(model.parameters())
+        peaks: list[int] = []
+
+        def seen(_param, params=params, peaks=peaks):
+            live = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
+            peaks[-1] = max(peaks[-1], live)
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(seen)
+        opt.overlap_backward(model)
+        trajectory, selected = [], []
+        for step in range(steps):
+            peaks.append(0)
+            x, y = _batch(step)
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+            loss = torch.nn.functional.mse_loss(model(x.to(dtype)).float(), y)
+            (opt.scale_loss(loss) if dtype == torch.float16 else loss).backward()
+            before = opt.stats()["reselections"]
+            opt.step()
+            selected.append(step == 0 or opt.stats()["reselections"] > before)
+            opt.zero_grad()
+            trajectory.append([p.detach().clone() for p in params])
+        sizes = [p.numel() * p.element_size() for p in params]
+        out[release] = {
+            "trajectory": trajectory,
+            "peaks": peaks,
+            "selected": selected,
+            "largest_matrix": max(s for p, s in zip(params, sizes) if p.dim() >= 2),
+            "dense": sum(s for p, s in zip(params, sizes) if p.dim() < 2),
+            "total": sum(sizes),
+        }
+        opt.close()
+    return out
+
+
 def _local_grad(model, x, y):
     """This rank's own gradient of the last weight (a fresh backward on a copy)."""
     clone = copy.deepcopy(model)
@@ -836,6 +881,23 @@ def test_in_backward_reductions_match_plain_steps_and_refuse_a_late_gradient(tmp
     for case in ("all", "idle", "late"):
         for a, b in zip(results[0][case]["overlap"][0], results[-1][case]["overlap"][0]):
             assert torch.equal(a, b), f"{case}: the ranks differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_released_gradients_free_memory_in_backward_and_match_keeping_them(tmp_path, dtype):
+    results = _spawn("_release_gradients", 2, tmp_path, 7, dtype)
+    for rank, result in enumerate(results):
+        kept, released = result[False], result[True]
+        for step, (a, b) in enumerate(zip(kept["trajectory"], released["trajectory"])):
+            for i, (x, y) in enumerate(zip(a, b)):
+                assert torch.equal(x, y), f"rank {rank}, step {step}, param {i} differs"
+        bound = released["largest_matrix"] + released["dense"]
+        assert not all(released["selected"])
+        for step, (peak, selected) in enumerate(zip(released["peaks"], released["selected"])):
+            assert kept["peaks"][step] == kept["total"]
+            assert peak == released["total"] if selected else peak <= bound, (rank, step, peak)
+    for a, b in zip(results[0][True]["trajectory"][-1], results[1][True]["trajectory"][-1]):
+        assert torch.equal(a, b), "the ranks differ"
 
 
 def test_a_param_group_added_mid_run_matches_one_process(tmp_path):

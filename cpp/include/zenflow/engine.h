@@ -133,6 +133,20 @@ typedef struct zf_engine_config {
    * step follows from the step count alone, so runs are reproducible whatever the host's
    * speed. */
   int64_t update_lag;
+  /* 1 (since 0.1.0, 2026-12-05): in a split step (zf_engine_begin_step), each matrix's
+   * gradient is consumed as soon as its bucket is complete: its column sums taken, its
+   * deferred columns packed and on their way to the host, its selected columns copied into a
+   * compact buffer of the engine's (k/n of the gradient's bytes, device memory). From then on
+   * the engine never reads it again, and zf_engine_take_released reports it, so the caller
+   * can free it during backward. Results are bit for bit those of 0. Held until end_step: the
+   * dense parameters' gradients, and every gradient at a selection step (the choice needs
+   * every column sum first). A gradient marked ready again after its submit (reentrant
+   * activation checkpointing with a shared parameter), in a step that released any, fails
+   * zf_engine_end_step_with instead of being retaken (ZF_ERROR_INVALID_VALUE; the step is
+   * not taken). The host staging ring has a slot per bucket (pinned memory on CUDA), so that
+   * every bucket of a step is consumed during backward; the device keeps staging_slots. 0
+   * (default): the caller's gradients stay valid and are read until end_step. */
+  int32_t release_gradients;
 } zf_engine_config;
 
 /*
@@ -420,6 +434,18 @@ ZF_API zf_status zf_engine_mark_ready(zf_engine* engine, size_t index, const zf_
 ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* grads, size_t count);
 
 /*
+ * Gradient release (config.release_gradients 1; since 0.1.0, 2026-12-05). Writes to
+ * indices[0, *count) the parameters whose gradients the engine released since the last call
+ * in the open split step: it holds no pointer into them and, on CUDA, its last read of them
+ * has completed on the device, so the caller may free or reuse their memory now (a hook sets
+ * `.grad` to None). In parameter order within a bucket, buckets in the order they were
+ * consumed; at most `capacity` (the rest come with the next call). *count is 0 outside a
+ * split step or with release_gradients 0. zf_engine_end_step_with does not read the entries
+ * of released parameters (their data may be NULL).
+ */
+ZF_API zf_status zf_engine_take_released(zf_engine* engine, size_t* indices, size_t capacity, size_t* count);
+
+/*
  * Checks that every parameter's memory is where it was when the engine was created (data[i]
  * for the count parameters): the engine writes the weights there, so a parameter whose
  * storage was replaced (moved to another device, reloaded with assign=True, `param.data =
@@ -495,6 +521,10 @@ typedef struct zf_engine_stats {
    * zero it (docs/design.md, "host lane traffic"). Since 0.1.0 (2026-12-05). */
   int64_t host_lane_bytes_read;
   int64_t host_lane_bytes_written;
+  /* The last split step: the most bytes of the caller's gradients the engine held at once,
+   * each counted from its submit to its release (release_gradients) or the step's end
+   * (matrices and dense parameters alike). 0 before the first. Since 0.1.0 (2026-12-05). */
+  int64_t held_gradient_bytes_peak;
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);

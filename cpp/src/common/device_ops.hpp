@@ -37,6 +37,9 @@ struct AdamwSelectedArgs {
   const float* grad_scale;  // nullptr: 1
   const int32_t* noop;      // nullptr: never skip
   int device;
+  // nullptr, or per matrix 1 where grads[i] holds only its selected columns in pack.h's
+  // layout ([k, rows]; the engine's compact copy under release_gradients), else 0.
+  const uint8_t* grads_compact = nullptr;
 };
 
 struct CudaOps {

@@ -168,6 +168,11 @@ const Row kRows[] = {
       "DeepSpeed lands an overlapped update at the next window's close (update_lag \"window\"); zenflow one "
       "step into the next window, which measured closer to AdamW (benchmarks/results/2026-12-05-accuracy.md)"},
      1},
+    {{"release_gradients", ZF_CONFIG_BOOL, ZF_FIELD(release_gradients), 0, 1, 0, 0, "", "", "false", "true or false",
+      "overlap_backward: free each matrix's gradient during backward, once its bucket is consumed (statistics "
+      "taken, deferred columns on their way to the host, selected columns copied); results unchanged",
+      "", "", ""},
+     0},
 };
 
 #undef ZF_FIELD

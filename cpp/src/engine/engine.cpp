@@ -281,6 +281,7 @@ void Engine::setup_buckets_and_memory() {
     m.bucket = buckets_.size() - 1;
     b.last = i + 1;
     b.max_bytes += bytes;
+    b.gradient_bytes += bytes;
     b.own_max_bytes += own_bytes;
     upload_bytes += own_bytes;
     slot_bytes_ = std::max(slot_bytes_, b.own_max_bytes);
@@ -353,14 +354,34 @@ void Engine::setup_buckets_and_memory() {
   }
   stats_workspace_offset_ = take(stats_workspace_bytes_);
   slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
-  staging_offset_ = take(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  const auto device_slots = static_cast<size_t>(config_.staging_slots);
+  const size_t host_slots = releasing() ? std::max(device_slots, buckets_.size()) : device_slots;
+  staging_offset_ = take(slot_stride_ * (backend_->host_visible() ? host_slots : device_slots));
+  // release_gradients: per bucket, its matrices' selected columns in the gradient's dtype.
+  compact_grad_bytes_ = 0;
+  if (releasing()) {
+    for (Bucket& b : buckets_) {
+      b.compact_grad_offset = compact_grad_bytes_;
+      size_t bytes = 0;
+      for (size_t i = b.first; i < b.last; ++i) {
+        matrices_[i].dev_compact_grad = bytes;  // relative to the bucket's region for now
+        bytes += static_cast<size_t>(matrices_[i].rows * matrices_[i].k) * zf_dtype_size(b.dtype);
+      }
+      compact_grad_bytes_ += align256(bytes);
+    }
+  }
+  compact_grad_offset_ = take(compact_grad_bytes_);
+  for (Bucket& b : buckets_) {
+    b.compact_grad_offset += compact_grad_offset_;
+    for (size_t i = b.first; releasing() && i < b.last; ++i) matrices_[i].dev_compact_grad += b.compact_grad_offset;
+  }
   upload_buffer_offset_ = take(backend_->host_visible() ? 0 : slot_bytes_);  // the host backend scatters from U
   offset = parallel_memory(offset);
   device_bytes_ = offset;
   upload_bytes_ = upload_bytes;
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
-  slot_jobs_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
-  slot_copied_.assign(static_cast<size_t>(config_.staging_slots), nullptr);
+  slot_jobs_.assign(host_slots, nullptr);
+  slot_copied_.assign(backend_->host_visible() ? 0 : device_slots, nullptr);
 }
 
 void Engine::release_host_memory() {
@@ -386,8 +407,7 @@ void Engine::ensure_host_memory() {
     m.acc[1].assign(elements, 0.0f);
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
-  if (!backend_->host_visible())
-    host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  if (!backend_->host_visible()) host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * host_slot_count());
   upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
   scalar_readback_.allocate(backend_.get());
   host_memory_ready_ = true;

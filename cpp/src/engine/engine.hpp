@@ -140,6 +140,14 @@ class Engine {
   [[noreturn]] static void fail_nonfinite_gradient(size_t name);
   void set_buffer_names(std::vector<size_t> names) { part_.buffer_names = std::move(names); }
   bool in_split_step() const { return in_split_step_; }
+  // zf_engine_take_released: the group's indices of the parameters released since the last
+  // call (those whose last read has completed), appended to `out`.
+  void take_released(std::vector<size_t>* out);
+  // Whether parameter `index`'s gradient (any gradient) was released in this split step.
+  bool gradient_released(size_t index) const;
+  bool released_any() const {
+    return std::find(bucket_released_.begin(), bucket_released_.end(), 1) != bucket_released_.end();
+  }
   const zf_engine_config& config() const { return config_; }
   void check_load_arguments(const zf_tensor* buffers, size_t count, const int64_t* counters, double loss_scale) const;
   void apply_load(const zf_tensor* buffers, const int64_t* counters, double loss_scale);
@@ -241,6 +249,9 @@ class Engine {
     // them), and per rank q a skip list of every column outside q's deferred chunk (n i32 each).
     size_t dev_deferred = 0, dev_rank_skip = 0;
     std::vector<int64_t> rank_skip_count;
+    // release_gradients: the device copy of this step's gradient's selected columns, [k, rows]
+    // (pack.h's layout), inside its bucket's compact region.
+    size_t dev_compact_grad = 0;
   };
   struct Dense {
     size_t param;
@@ -257,7 +268,10 @@ class Engine {
     AccumulatePlan accumulate;
     std::vector<uint8_t> overwrite;  // host lane: per matrix, this accumulate writes (acc_fresh)
     size_t packed_bytes = 0;         // with the current selection
-    size_t early_slot = 0;           // the staging slot it took at submit (split steps)
+    size_t early_slot = 0;           // the host staging slot it took at submit (split steps)
+    size_t early_device_slot = 0;    // and its device slot (the same on the host backend)
+    size_t compact_grad_offset = 0;  // release_gradients: its matrices' compact gradients (device)
+    size_t gradient_bytes = 0;       // its matrices' whole gradients, in bytes
     std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
     std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
     std::vector<const int32_t*> selected_ptrs;                // device: what `pack` skips
@@ -292,11 +306,22 @@ class Engine {
     return reinterpret_cast<ScalarPartial*>(device_ + partials_offset_) + slot;
   }
   size_t find_nonfinite(const zf_tensor* grads) const;
+  // release_gradients (step.cpp): a bucket whose gradients are all consumed (statistics
+  // taken, deferred columns packed) copies its selected columns into its compact region and
+  // releases its gradients: recorded with the event after its last read of them.
+  bool releasing() const { return config_.release_gradients != 0; }
+  void release_bucket(Bucket& b);
+  void hold_gradient_bytes(int64_t bytes);
   void defer_bucket(Bucket& bucket, const zf_tensor* grads);
   void defer_bucket_early(Bucket& bucket);
-  // Claims the next staging slot (waiting for the host to free it: back-pressure) and packs
-  // the bucket's deferred gradient columns into it; returns the slot.
-  size_t pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
+  // Claims the next host staging slot (waiting for the host to free it: back-pressure) and
+  // the next device slot (the compute lane waits for its last copy down), and packs the
+  // bucket's deferred gradient columns into the device slot. On the host backend the two are
+  // one slot (device == host).
+  struct StagingSlot {
+    size_t host, device;
+  };
+  StagingSlot pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
@@ -367,6 +392,9 @@ class Engine {
   // `local`, else raises if ranks are in different calls or one failed. Returns as agree().
   bool judge_agreement(Agreement call, const std::vector<int32_t>& slots, const std::exception_ptr& local);
   void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
+  // The pack of a bucket's selected columns (skipping its deferred ones): data parallel's
+  // all-reduce of them, and release_gradients' compact copy.
+  void rebuild_selected_pack(Bucket& b, const std::vector<zf_dtype>& dtypes);
   // In place in the gradients: the dense ones, and a bucket's matrices (whole: every column
   // all-reduced). grads nullptr: this rank adds zeros and keeps nothing (a refused rank that
   // joins the collectives the others run).
@@ -447,9 +475,19 @@ class Engine {
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
   Event uploads_done_;              // U is free once it completes
+  // The staging ring: host slots (slot_jobs_: the host lane's job reading each) and, on a
+  // backend that is not host-visible, device slots (slot_copied_: each one's last copy down,
+  // after which it is free). A device slot is free once copied, a host slot once accumulated,
+  // so the two rings turn independently: staging_slots device slots, and as many host slots,
+  // or (release_gradients) one per bucket, so that every bucket of a step can be consumed
+  // during backward while the device keeps staging_slots. The host backend's ring is one (its
+  // host lane reads the device slots).
   std::vector<std::shared_ptr<WorkJob>> slot_jobs_;
-  std::vector<Event> slot_copied_;  // per slot: its last copy down (the device slot is free after it)
-  size_t next_slot_ = 0;
+  std::vector<Event> slot_copied_;
+  size_t next_slot_ = 0, next_device_slot_ = 0;
+  size_t host_slot_count() const { return slot_jobs_.size(); }
+  size_t device_slot_count() const { return slot_copied_.size(); }
+  uint8_t* device_slot(size_t slot) const { return device_ + staging_offset_ + slot * slot_stride_; }
   std::shared_ptr<WorkJob> inflight_;  // the host update whose result is not uploaded yet
   int acc_current_ = 0;
   int64_t steps_accumulated_ = 0;
@@ -469,8 +507,8 @@ class Engine {
 
   // split form. A split step that is not a selection step starts its work at submit: the
   // statistics of each submitted range, and the pack and copy down of each bucket whose
-  // matrices are all submitted (at most staging_slots buckets: a slot is not reused within
-  // the step before end_step). Their host accumulates are queued by end_step, after the
+  // matrices are all submitted (at most host_slot_count() buckets: a host slot is not reused
+  // within the step before end_step). Their host accumulates are queued by end_step, after the
   // slots' headers (the step's scale is known only then); abort_step drops them.
   bool early_ = false;
   std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet
@@ -482,6 +520,17 @@ class Engine {
   std::vector<uint8_t> submitted_flags_;
   std::vector<double> split_lrs_;
   bool split_has_lrs_ = false;
+  // release_gradients: per bucket, released in this split step; the releases take_released
+  // has not reported yet (each with the event after the bucket's last read of its gradients);
+  // the caller's gradient bytes held now (submitted, not released) and the most ever.
+  struct Release {
+    size_t bucket;
+    Event read;
+  };
+  std::vector<uint8_t> bucket_released_;
+  std::vector<Release> releases_pending_;
+  size_t compact_grad_offset_ = 0, compact_grad_bytes_ = 0;
+  int64_t held_gradient_bytes_ = 0, held_gradient_bytes_peak_ = 0;
 
   // An upper bound on every Adam step count of this engine (each column's, on either side,
   // and each dense parameter's): the largest count loaded (0 when fresh) plus the steps taken

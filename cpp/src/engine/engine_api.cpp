@@ -215,6 +215,14 @@ ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* gra
   return zf::api_call([&] { get(engine).end_step_with(grads, count); });
 }
 
+ZF_API zf_status zf_engine_take_released(zf_engine* engine, size_t* indices, size_t capacity, size_t* count) {
+  return zf::api_call([&] {
+    zf::require(count != nullptr, ZF_ERROR_INVALID_VALUE, "count: NULL");
+    zf::require(capacity == 0 || indices != nullptr, ZF_ERROR_INVALID_VALUE, "indices: NULL");
+    get(engine).take_released(indices, capacity, count);
+  });
+}
+
 ZF_API zf_status zf_engine_check_params(const zf_engine* engine, const void* const* data, size_t count) {
   return zf::api_call([&] { get(engine).check_param_data(data, count); });
 }

@@ -59,8 +59,9 @@ zf_engine_stats add_stats(zf_engine_stats total, const zf_engine_stats& s) {
   for (double S::*seconds : {&S::stall_seconds_window_close, &S::stall_seconds_back_pressure, &S::stall_seconds_flush,
                              &S::stall_seconds_readback, &S::host_update_seconds, &S::accumulate_seconds})
     total.*seconds += s.*seconds;
-  for (int64_t S::*bytes : {&S::bytes_down, &S::bytes_up, &S::device_state_bytes, &S::host_state_bytes,
-                            &S::device_bytes, &S::pinned_host_bytes})
+  for (int64_t S::*bytes :
+       {&S::bytes_down, &S::bytes_up, &S::device_state_bytes, &S::host_state_bytes, &S::device_bytes,
+        &S::pinned_host_bytes, &S::host_lane_bytes_read, &S::host_lane_bytes_written, &S::held_gradient_bytes_peak})
     total.*bytes += s.*bytes;
   return total;
 }
@@ -205,6 +206,7 @@ void EngineGroup::begin_step(const double* lrs, size_t lr_count) {
   }
   ready_.reset(param_count_);
   ready_grads_.assign(param_count_, zf_tensor{});
+  released_.clear();
   split_lrs_.assign(lrs, lrs + (lrs != nullptr ? lr_count : 0));
 }
 
@@ -219,7 +221,10 @@ void EngineGroup::mark_ready(size_t index, const zf_tensor* grad) {
   // later one, or refuses the step on every rank when its bucket was reduced already.
   if (engines_[0]->data_parallel() && ready_.is_submitted(index)) engines_[0]->late_gradient(index, *grad);
   ready_grads_[index] = *grad;
-  const ReadyRuns::Range run = ready_.mark(index, gradient_bytes(*grad), engines_[0]->config().bucket_bytes);
+  // Releasing gradients, each is submitted at once, so that a bucket is consumed (and its
+  // gradients released) as soon as its last matrix's gradient arrives.
+  const size_t threshold = engines_[0]->config().release_gradients ? 0 : engines_[0]->config().bucket_bytes;
+  const ReadyRuns::Range run = ready_.mark(index, gradient_bytes(*grad), threshold);
   if (run.empty()) return;
   submit(run.first, ready_grads_.data() + run.first, run.stop - run.first);
 }
@@ -231,6 +236,18 @@ void EngineGroup::end_step_with(const zf_tensor* grads, size_t count) {
   require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
           " parameters");
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
+  const bool released = std::any_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->released_any(); });
+  if (ready_.arrived_after_submit() < param_count_ && released && !engines_[0]->data_parallel()) {
+    // Gradients of this step were released already: the step cannot be retaken from what
+    // autograd accumulated. Refused whole; nothing of it was applied.
+    const size_t index = ready_.arrived_after_submit();
+    abort_step();
+    fail(ZF_ERROR_INVALID_VALUE, "grads[", index,
+         "]: its gradient arrived again after it was submitted (a parameter used in two backward passes of one "
+         "step, as reentrant activation checkpointing does with a shared one); with release_gradients the "
+         "engine has released what it read, so the step cannot be retaken from the accumulated gradient: use "
+         "non-reentrant checkpointing, or release_gradients off. The step was not taken");
+  }
   if (ready_.arrived_after_submit() < param_count_ && !engines_[0]->data_parallel()) {
     // A gradient grew after its run was submitted (a parameter used twice in backward:
     // shared weights, reentrant checkpointing). What was submitted is not the gradient
@@ -287,6 +304,7 @@ void EngineGroup::submit_to_devices(size_t first, const zf_tensor* grads, size_t
 void EngineGroup::end_step() {
   refuse_capture("end_step");
   ready_.reset(0);
+  released_.clear();
   if (!several()) return engines_[0]->end_step();
   check_usable();
   for (const auto& e : engines_) e->check_end_step_arguments();
@@ -295,9 +313,19 @@ void EngineGroup::end_step() {
   run_step(inputs);
 }
 
+void EngineGroup::take_released(size_t* indices, size_t capacity, size_t* count) {
+  // What did not fit last time first, then every device's new releases.
+  for (auto& e : engines_) e->take_released(&released_);
+  const size_t n = std::min(capacity, released_.size());
+  std::copy(released_.begin(), released_.begin() + static_cast<ptrdiff_t>(n), indices);
+  released_.erase(released_.begin(), released_.begin() + static_cast<ptrdiff_t>(n));
+  *count = n;
+}
+
 void EngineGroup::abort_step() {
   for (auto& e : engines_) e->abort_step();
   ready_.reset(0);
+  released_.clear();
   ready_grads_.clear();
   split_lrs_.clear();
 }

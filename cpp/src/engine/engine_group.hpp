@@ -59,6 +59,9 @@ class EngineGroup {
   // parameter order; the runs go to submit().
   void mark_ready(size_t index, const zf_tensor* grad);
   void end_step_with(const zf_tensor* grads, size_t count);
+  // zf_engine_take_released: every device's released parameters (the caller's indices), at
+  // most `capacity`; the rest wait for the next call.
+  void take_released(size_t* indices, size_t capacity, size_t* count);
   // zf_engine_check_params: the parameters' memory is where it was at creation.
   void check_param_data(const void* const* data, size_t count) const;
   void flush();
@@ -100,6 +103,7 @@ class EngineGroup {
   std::vector<Event> partials_read_;     // per part: it has read every partial of the last step
   std::vector<const void*> param_data_;  // per parameter: its data at creation
   ReadyRuns ready_;                      // the open split step's readiness (size 0: none open)
+  std::vector<size_t> released_;         // released parameters not yet taken (take_released)
   std::vector<zf_tensor> ready_grads_;   // per parameter: the gradient mark_ready gave
   std::vector<double> split_lrs_;        // begin_step's learning rates (a retaken step uses them)
   bool sticky_ = false;

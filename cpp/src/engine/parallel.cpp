@@ -61,24 +61,27 @@ void Engine::set_ownership() {
 size_t Engine::parallel_memory(size_t offset) {
   reduce_offset_ = reduce_bytes_ = shard_offset_ = shard_bytes_ = health_offset_ = 0;
   exchange_offset_ = exchange_bytes_ = lists_offset_ = 0;
-  if (!parallel()) return offset;
+  if (!parallel() && !releasing()) return offset;
   auto take = [&offset](size_t bytes) {
     const size_t at = offset;
     offset += align256(bytes);
     return at;
   };
-  // Per matrix: the deferred list (n i32) and one skip list per rank (n i32 each).
+  // Per matrix: the deferred list (n i32) and, data parallel, one skip list per rank (n i32
+  // each). One engine needs the deferred list for release_gradients' compact copy.
+  const size_t rank_lists = parallel() ? static_cast<size_t>(world_) : 0;
   size_t lists = 0;
   for (Matrix& m : matrices_) {
     m.dev_deferred = lists;
     m.dev_rank_skip = lists + static_cast<size_t>(m.cols) * 4;
-    lists += static_cast<size_t>(m.cols) * 4 * static_cast<size_t>(1 + world_);
+    lists += static_cast<size_t>(m.cols) * 4 * (1 + rank_lists);
   }
   lists_offset_ = take(lists);
   for (Matrix& m : matrices_) {
     m.dev_deferred += lists_offset_;
     m.dev_rank_skip += lists_offset_;
   }
+  if (!parallel()) return offset;
   // The reduction scratch holds a whole bucket as world chunks (the largest any rank gets with
   // nothing selected, padded), or a run of dense gradients; the shard one chunk.
   size_t dense_bytes = 0;
@@ -115,15 +118,15 @@ void Engine::upload_selection(Matrix& m) {
   for (int32_t j : m.selected)
     if (j >= m.own_lo && j < m.own_lo + m.own_cols) m.own_selected.push_back(static_cast<int32_t>(j - m.own_lo));
   upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
-  if (!parallel()) return;
+  if (!parallel() && !releasing()) return;
   const auto cols = static_cast<size_t>(m.cols);
   std::vector<uint8_t> is_selected(cols, 0);
   for (int32_t j : m.selected) is_selected[static_cast<size_t>(j)] = 1;
-  std::vector<int32_t> lists(cols * static_cast<size_t>(1 + world_), 0);
+  std::vector<int32_t> lists(cols * static_cast<size_t>(parallel() ? 1 + world_ : 1), 0);
   size_t deferred = 0;
   for (size_t j = 0; j < cols; ++j)
     if (!is_selected[j]) lists[deferred++] = static_cast<int32_t>(j);
-  for (int q = 0; q < world_; ++q) {
+  for (int q = 0; parallel() && q < world_; ++q) {
     const int64_t lo = chunk_lo(m.cols, q, world_), hi = chunk_lo(m.cols, q + 1, world_);
     int32_t* skip = lists.data() + cols * static_cast<size_t>(1 + q);
     size_t count = 0;
@@ -153,20 +156,24 @@ void Engine::rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtyp
     b.chunk_elements = std::max(b.chunk_elements, static_cast<size_t>(layout.total()));
     b.rank_pack.push_back(std::make_unique<PackPlan>(std::move(layout), dtypes, b.dtype));
   }
-  PackedLayout selected_layout, whole_layout;
-  b.deferred_ptrs.clear();
+  PackedLayout whole_layout;
   b.no_skip_ptrs.assign(count, nullptr);
+  for (size_t i = b.first; i < b.last; ++i) whole_layout.add(matrices_[i].rows, matrices_[i].cols, 0);
+  b.deferred_elements = static_cast<size_t>(whole_layout.total()) - b.selected_elements;
+  b.whole_pack = std::make_unique<PackPlan>(std::move(whole_layout), dtypes, b.dtype);
+}
+
+void Engine::rebuild_selected_pack(Bucket& b, const std::vector<zf_dtype>& dtypes) {
+  PackedLayout selected_layout;
+  b.deferred_ptrs.clear();
   for (size_t i = b.first; i < b.last; ++i) {
     const Matrix& m = matrices_[i];
     const auto deferred = m.cols - static_cast<int64_t>(m.selected.size());
     selected_layout.add(m.rows, m.cols, deferred);
     b.deferred_ptrs.push_back(deferred > 0 ? device_int(m.dev_deferred) : nullptr);
-    whole_layout.add(m.rows, m.cols, 0);
   }
   b.selected_elements = static_cast<size_t>(selected_layout.total());
-  b.deferred_elements = static_cast<size_t>(whole_layout.total()) - b.selected_elements;
   b.selected_pack = std::make_unique<PackPlan>(std::move(selected_layout), dtypes, b.dtype);
-  b.whole_pack = std::make_unique<PackPlan>(std::move(whole_layout), dtypes, b.dtype);
 }
 
 // ---- collectives ----

@@ -244,6 +244,7 @@ void Engine::rebuild_plans() {
     b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
     b.pack = std::make_unique<PackPlan>(std::move(device_layout), dtypes, b.dtype);
     b.matrix_tensors.assign(count, zf_tensor{});
+    if (parallel() || releasing()) rebuild_selected_pack(b, dtypes);
     if (parallel()) rebuild_parallel_plans(b, dtypes);
   }
 }

@@ -27,9 +27,7 @@ zf_engine_stats Engine::stats() const {
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
   // What the engine holds once it has stepped (allocated at first use: ensure_host_memory).
   // The host backend has no pinned staging slots: its host lane reads the device slots.
-  const auto slots = backend_->host_visible()
-                         ? int64_t{0}
-                         : static_cast<int64_t>(slot_stride_ * static_cast<size_t>(config_.staging_slots));
+  const auto slots = backend_->host_visible() ? int64_t{0} : static_cast<int64_t>(slot_stride_ * host_slot_count());
   const auto records = static_cast<int64_t>(ScalarReadback::host_bytes());
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
@@ -40,6 +38,7 @@ zf_engine_stats Engine::stats() const {
   s.collective_bytes_upload = collective_upload_bytes_;
   s.host_lane_bytes_read = host_bytes_read_.load(std::memory_order_relaxed);
   s.host_lane_bytes_written = host_bytes_written_.load(std::memory_order_relaxed);
+  s.held_gradient_bytes_peak = held_gradient_bytes_peak_;
   return s;
 }
 

@@ -87,6 +87,7 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   split_lrs_.assign(lrs, lrs + (lrs ? lr_count : 0));
   submitted_.assign(params_.size(), zf_tensor{});
   submitted_flags_.assign(params_.size(), 0);
+  held_gradient_bytes_ = held_gradient_bytes_peak_ = 0;
   deferred_split_error_ = nullptr;
   // A selection step needs every column sum before anything is packed: its work waits for
   // end_step. Any other step starts at submit (the schedule is not advanced by a peek). A
@@ -106,6 +107,8 @@ void Engine::start_split_reductions() {
   for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
   bucket_early_.assign(buckets_.size(), 0);
   bucket_reduced_.assign(buckets_.size(), 0);
+  bucket_released_.assign(buckets_.size(), 0);
+  releases_pending_.clear();
   early_buckets_.clear();
 }
 
@@ -148,6 +151,7 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
   for (size_t j = 0; j < count; ++j) {
     submitted_[first + j] = grads[j];
     submitted_flags_[first + j] = 1;
+    hold_gradient_bytes(static_cast<int64_t>(params_[first + j].numel * zf_dtype_size(grads[j].dtype)));
   }
   if (parallel()) {  // its buckets are reduced as they fill
     for (size_t j = 0; j < count; ++j) {
@@ -165,7 +169,10 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     const Param& p = params_[first + j];
     if (!p.matrix) continue;
     const size_t b = matrices_[p.index].bucket;
-    if (--bucket_pending_[b] == 0 && early_buckets_.size() < slot_jobs_.size()) defer_bucket_early(buckets_[b]);
+    if (--bucket_pending_[b] == 0 && early_buckets_.size() < host_slot_count()) {
+      defer_bucket_early(buckets_[b]);
+      release_bucket(buckets_[b]);
+    }
   }
 }
 
@@ -325,7 +332,10 @@ void Engine::reduce_bucket_in_backward(Bucket& b, bool zeros) {
   if (zeros) return reduce_bucket(b, nullptr, split_select_);
   reduce_bucket(b, submitted_.data(), split_select_);
   bucket_statistics(b, submitted_.data());
-  if (!split_select_ && early_buckets_.size() < slot_jobs_.size()) defer_bucket_early(b);
+  if (!split_select_ && early_buckets_.size() < host_slot_count()) {
+    defer_bucket_early(b);
+    release_bucket(b);
+  }
 }
 
 void Engine::bucket_statistics(const Bucket& b, const zf_tensor* grads) {
@@ -353,30 +363,34 @@ void Engine::dense_statistics(const zf_tensor* grads) {
   }
 }
 
-size_t Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
-  const size_t slot = next_slot_;
-  next_slot_ = (next_slot_ + 1) % slot_jobs_.size();
-  if (slot_jobs_[slot]) {  // back-pressure: the host still holds this slot
-    wait_job(slot_jobs_[slot], &stall_back_pressure_);
-    slot_jobs_[slot].reset();
+Engine::StagingSlot Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
+  StagingSlot slot{next_slot_, next_slot_};
+  next_slot_ = (next_slot_ + 1) % host_slot_count();
+  if (slot_jobs_[slot.host]) {  // back-pressure: the host still holds this slot
+    wait_job(slot_jobs_[slot.host], &stall_back_pressure_);
+    slot_jobs_[slot.host].reset();
   }
   bind_gradients(b, grads);
-  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
-  backend_->wait(Lane::kCompute, slot_copied_[slot]);  // the slot's last copy down has read it
-  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot + kSlotHeaderBytes);
+  if (!backend_->host_visible()) {  // else the host lane reads the device slot in place
+    slot.device = next_device_slot_;
+    next_device_slot_ = (next_device_slot_ + 1) % device_slot_count();
+    backend_->wait(Lane::kCompute, slot_copied_[slot.device]);  // its last copy down has read it
+  }
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot(slot.device) + kSlotHeaderBytes);
   return slot;
 }
 
 void Engine::defer_bucket_early(Bucket& b) {
   if (b.packed_bytes == 0) return;
-  const size_t slot = pack_into_next_slot(b, submitted_.data());
-  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  const StagingSlot slot = pack_into_next_slot(b, submitted_.data());
   if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
     backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(host_slot(slot) + kSlotHeaderBytes, device_slot + kSlotHeaderBytes, b.packed_bytes);
-    slot_copied_[slot] = backend_->record(Lane::kDown);
+    backend_->copy_down(host_slot(slot.host) + kSlotHeaderBytes, device_slot(slot.device) + kSlotHeaderBytes,
+                        b.packed_bytes);
+    slot_copied_[slot.device] = backend_->record(Lane::kDown);
   }
-  b.early_slot = slot;
+  b.early_slot = slot.host;
+  b.early_device_slot = slot.device;
   const size_t index = static_cast<size_t>(&b - buckets_.data());
   bucket_early_[index] = 1;
   early_buckets_.push_back(index);
@@ -384,24 +398,25 @@ void Engine::defer_bucket_early(Bucket& b) {
 }
 
 void Engine::release_early_buckets(const StepScalars* scalars) {
-  // The early slots' headers, from the step's scalars (one copy each on the compute lane,
-  // then down), then their accumulates, which wait for the headers' event: it was recorded
-  // on the down lane after the bodies, so it covers both copies.
+  // The early slots' headers, from the step's scalars: one copy each on the compute lane into
+  // its device slot (two early buckets that shared a device slot get the same header), then
+  // down (the scalars themselves are the next step's to overwrite; a device slot is reused
+  // only after its last copy down), then their accumulates, which wait for the headers'
+  // event: it was recorded on the down lane after the bodies, so it covers both copies.
   if (early_buckets_.empty()) return;
-  for (size_t index : early_buckets_) {
-    uint8_t* device_slot = device_ + staging_offset_ + buckets_[index].early_slot * slot_stride_;
-    backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+  for (size_t index : early_buckets_)
+    backend_->copy_device(device_slot(buckets_[index].early_device_slot), &scalars->grad_scale, sizeof(SlotHeader));
+  Event copied;
+  if (!backend_->host_visible()) {
+    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+    for (size_t index : early_buckets_)
+      backend_->copy_down(host_slot(buckets_[index].early_slot), device_slot(buckets_[index].early_device_slot),
+                          sizeof(SlotHeader));
+    copied = backend_->record(Lane::kDown);
+    for (size_t index : early_buckets_) slot_copied_[buckets_[index].early_device_slot] = copied;
   }
-  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  for (size_t index : early_buckets_) {
-    const size_t slot = buckets_[index].early_slot;
-    if (!backend_->host_visible())
-      backend_->copy_down(host_slot(slot), device_ + staging_offset_ + slot * slot_stride_, sizeof(SlotHeader));
-  }
-  const Event copied = backend_->record(Lane::kDown);
   for (size_t index : early_buckets_) {
     Bucket& b = buckets_[index];
-    slot_copied_[b.early_slot] = copied;
     slot_jobs_[b.early_slot] = submit_slot_accumulate(b, b.early_slot, copied);
   }
   early_buckets_.clear();
@@ -411,6 +426,51 @@ void Engine::cancel_early_buckets() {
   early_ = false;
   early_buckets_.clear();
   bucket_early_.assign(buckets_.size(), 0);
+  // The step is over (taken, refused or dropped): nothing of its gradients is held.
+  bucket_released_.clear();
+  releases_pending_.clear();
+  held_gradient_bytes_ = 0;
+}
+
+void Engine::hold_gradient_bytes(int64_t bytes) {
+  held_gradient_bytes_ += bytes;
+  held_gradient_bytes_peak_ = std::max(held_gradient_bytes_peak_, held_gradient_bytes_);
+}
+
+void Engine::release_bucket(Bucket& b) {
+  // Only a bucket whose deferred columns are packed already (or that has none), in a step
+  // that is not a selection step (the selection, hence which columns are selected, is made
+  // at end_step), and with every matrix's k columns selected (the compact layout's).
+  const size_t index = static_cast<size_t>(&b - buckets_.data());
+  if (!releasing() || split_select_ || bucket_released_.size() != buckets_.size() || bucket_released_[index]) return;
+  if (b.packed_bytes > 0 && !bucket_early_[index]) return;
+  for (size_t i = b.first; i < b.last; ++i)
+    if (static_cast<int64_t>(matrices_[i].selected.size()) != matrices_[i].k) return;
+  if (b.selected_elements > 0) {
+    bind_gradients(b, submitted_.data());
+    backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), device_ + b.compact_grad_offset);
+  }
+  bucket_released_[index] = 1;
+  // After the last read of the gradients (this lane's: the reduction lane in data parallel).
+  releases_pending_.push_back(Release{index, backend_->record(Lane::kCompute)});
+  hold_gradient_bytes(-static_cast<int64_t>(b.gradient_bytes));
+}
+
+bool Engine::gradient_released(size_t index) const {
+  if (bucket_released_.empty() || index >= params_.size() || !params_[index].matrix) return false;
+  return bucket_released_[matrices_[params_[index].index].bucket] != 0;
+}
+
+void Engine::take_released(std::vector<size_t>* out) {
+  // Events of one lane complete in order: the first one not done ends the report.
+  size_t reported = 0;
+  for (; reported < releases_pending_.size(); ++reported) {
+    const Release& r = releases_pending_[reported];
+    if (!backend_->done(r.read)) break;
+    const Bucket& b = buckets_[r.bucket];
+    for (size_t i = b.first; i < b.last; ++i) out->push_back(param_name(matrices_[i].param));
+  }
+  releases_pending_.erase(releases_pending_.begin(), releases_pending_.begin() + static_cast<ptrdiff_t>(reported));
 }
 
 std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
@@ -445,8 +505,13 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
 
 size_t Engine::find_nonfinite(const zf_tensor* grads) const {
   // Rare path (host backend): one statistics pass per parameter to name the first
-  // non-finite one.
+  // non-finite one. A released gradient is not read again: its statistics pass's flag names
+  // it (the flag of the range it was submitted with, at the range's first parameter).
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (gradient_released(i)) {
+      if (device_int(flags_offset_)[i] != 0) return i;
+      continue;
+    }
     ColumnStatsPlan plan({ColumnStatsMatrix{params_[i].rows, params_[i].cols, params_[i].tensor.dtype}});
     std::vector<float> col_sq(static_cast<size_t>(params_[i].cols));
     float* col = col_sq.data();
@@ -641,10 +706,15 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     AdamwSelectedPointers& ptr = device_pointers_[e];
     ptr.param = p.tensor.data;
     ptr.grad = grads[device_plan_params_[e]].data;
+    ptr.grad_compact = false;
     ptr.lr = step_lrs_[static_cast<size_t>(p.group)];
     ptr.weight_decay = groups_[static_cast<size_t>(p.group)].weight_decay;
     if (p.matrix) {
       Matrix& m = matrices_[p.index];
+      if (gradient_released(device_plan_params_[e])) {  // the compact copy of its selected columns
+        ptr.grad = device_ + m.dev_compact_grad;
+        ptr.grad_compact = true;
+      }
       ptr.selected = device_int(m.dev_selected);
       ptr.master = m.has_master ? device_float(m.dev_master) : nullptr;
       ptr.exp_avg = device_float(m.dev_exp_avg);
@@ -731,16 +801,17 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
 
 void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
-  const size_t slot = pack_into_next_slot(b, grads);
-  uint8_t* device_slot = device_ + staging_offset_ + slot * slot_stride_;
+  const StagingSlot slot = pack_into_next_slot(b, grads);
+  uint8_t* at = device_slot(slot.device);
   const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
-  backend_->copy_device(device_slot, &scalars->grad_scale, sizeof(SlotHeader));
+  backend_->copy_device(at, &scalars->grad_scale, sizeof(SlotHeader));
+  Event copied;
   if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
     backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(host_slot(slot), device_slot, kSlotHeaderBytes + b.packed_bytes);
-    slot_copied_[slot] = backend_->record(Lane::kDown);
+    backend_->copy_down(host_slot(slot.host), at, kSlotHeaderBytes + b.packed_bytes);
+    copied = slot_copied_[slot.device] = backend_->record(Lane::kDown);
   }
-  slot_jobs_[slot] = submit_slot_accumulate(b, slot, slot_copied_[slot]);
+  slot_jobs_[slot.host] = submit_slot_accumulate(b, slot.host, copied);
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 

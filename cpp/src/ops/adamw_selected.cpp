@@ -96,6 +96,13 @@ void AdamwSelectedPlan::run(ThreadPool& pool, const AdamwSelectedPointers* point
         args.exp_avg_sq = p.exp_avg_sq + slot;
         if (p.selected == nullptr) {  // dense: the row's columns are contiguous
           args.grad = const_cast<unsigned char*>(grad_row + c0 * static_cast<int64_t>(grad_bytes));
+        } else if (p.grad_compact) {  // column c's row r at c * rows + r
+          const auto* compact = static_cast<const unsigned char*>(p.grad);
+          for (int64_t c = 0; c < count; ++c) {
+            std::memcpy(grads + c * grad_bytes, compact + ((c0 + c) * m.rows + r) * static_cast<int64_t>(grad_bytes),
+                        grad_bytes);
+          }
+          args.grad = grads;
         } else {
           for (int64_t c = 0; c < count; ++c) {
             std::memcpy(grads + c * grad_bytes, grad_row + p.selected[c0 + c] * static_cast<int64_t>(grad_bytes),

@@ -23,7 +23,7 @@ struct AdamwSelectedMatrix {
 // Pointers of one matrix for one run. selected == nullptr: every column (dense).
 struct AdamwSelectedPointers {
   void* param;
-  const void* grad;
+  const void* grad;  // [rows, cols] like the parameter, or compact (grad_compact)
   const int32_t* selected;
   float* master;  // nullptr when the plan's matrix has no master
   float* exp_avg;
@@ -31,6 +31,10 @@ struct AdamwSelectedPointers {
   int32_t* steps;
   double lr;
   double weight_decay;
+  // true: `grad` holds only the selected columns, in pack.h's layout ([k, rows]: column c's
+  // rows contiguous), as the engine copies them when it releases a gradient
+  // (release_gradients).
+  bool grad_compact = false;
 };
 
 class AdamwSelectedPlan {

@@ -145,8 +145,9 @@ class PyEngine {
     check_params_in_place();
     const std::vector<double> rates = learning_rates(lrs);
     call([&] { return zf_engine_begin_step(engine, rates.empty() ? nullptr : rates.data(), rates.size()); });
-    // The submitted gradients must stay alive until end_step (engine.h).
+    // The submitted gradients must stay alive until end_step (engine.h), or their release.
     submitted_ = py::list();
+    ready_ = py::dict();
   }
 
   void submit(int64_t first, const py::object& grads) {
@@ -162,29 +163,55 @@ class PyEngine {
     zf_engine* engine = live();
     const zf_status status = release_gil([&] { return zf_engine_end_step(engine); });
     submitted_ = py::list();
+    ready_ = py::dict();
     check(status);
     bump_params();
   }
 
   // Readiness (zf_engine_mark_ready): parameter `index`'s gradient is ready; the engine
-  // submits runs of ready parameters itself. The gradient is kept alive until the step ends.
+  // submits runs of ready parameters itself. The gradient is kept alive until the step ends
+  // or the engine releases it (take_released).
   void mark_ready(int64_t index, const py::object& grad) {
     zf_engine* engine = live();
     if (index < 0) throw py::value_error("index: must be >= 0, got " + std::to_string(index));
     Converter conv(streams_);
     const zf_tensor tensor = conv.tensor(grad, ArgName{"grad"}, Access::kRead);
     call([&] { return zf_engine_mark_ready(engine, static_cast<size_t>(index), &tensor); });
-    submitted_.append(grad);
+    const py::int_ key(index);
+    if (!ready_.contains(key)) ready_[key] = py::list();
+    ready_[key].cast<py::list>().append(grad);
   }
 
-  // zf_engine_end_step_with: every parameter's final gradient; ends the split step.
+  // zf_engine_take_released: the parameters whose gradients the engine released (our
+  // references to them are dropped too).
+  py::list take_released() {
+    zf_engine* engine = live();
+    std::vector<size_t> indices(py::len(params_));
+    size_t count = 0;
+    call([&] { return zf_engine_take_released(engine, indices.data(), indices.size(), &count); });
+    py::list out;
+    for (size_t k = 0; k < count; ++k) {
+      out.append(indices[k]);
+      ready_.attr("pop")(py::int_(indices[k]), py::none());
+    }
+    return out;
+  }
+
+  // zf_engine_end_step_with: every parameter's final gradient (None for a released one: it
+  // is not read); ends the split step.
   void end_step_with(const py::object& grads) {
     zf_engine* engine = live();
     Converter conv(streams_);
-    const std::vector<zf_tensor> tensors = conv.list(grads, "grads", Access::kRead);
+    const py::object items = as_fast_sequence(grads, "grads");
+    std::vector<zf_tensor> tensors(static_cast<size_t>(PySequence_Fast_GET_SIZE(items.ptr())));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(i));
+      if (item != Py_None) tensors[i] = conv.tensor(item, ArgName{"grads", static_cast<ptrdiff_t>(i)}, Access::kRead);
+    }
     const zf_status status =
         release_gil([&] { return zf_engine_end_step_with(engine, tensors.data(), tensors.size()); });
     submitted_ = py::list();
+    ready_ = py::dict();
     check(status);
     bump_params();
   }
@@ -193,6 +220,7 @@ class PyEngine {
     zf_engine* engine = live();
     call([&] { return zf_engine_abort_step(engine); });
     submitted_ = py::list();
+    ready_ = py::dict();
   }
 
   void flush() {
@@ -319,6 +347,7 @@ class PyEngine {
   py::list memory_;                             // the attached device memory, released after destroy
   std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
   py::list submitted_;
+  py::dict ready_;  // mark_ready's gradients by parameter index, until released or the step ends
   size_t group_count_ = 0;
   bool torch_params_ = false;
 };
@@ -360,6 +389,8 @@ state_dict buffers are CPU tensors for every backend, so a checkpoint loads acro
       .def("mark_ready", &PyEngine::mark_ready, py::arg("index"), py::arg("grad"),
            "In a split step: params[index]'s gradient is ready (backward hooks); the engine submits runs of ready "
            "parameters itself. The gradient must stay alive until the step ends.")
+      .def("take_released", &PyEngine::take_released,
+           "release_gradients: the parameters whose gradients the engine released since the last call.")
       .def("end_step_with", &PyEngine::end_step_with, py::arg("grads"),
            "Ends a split step with every parameter's final gradient (those not yet submitted are; a gradient marked "
            "again after its submit retakes the step whole).")

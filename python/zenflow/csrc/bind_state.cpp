@@ -168,6 +168,7 @@ py::dict stats_dict(const zf_engine_stats& s) {
   out["collective_bytes_upload"] = s.collective_bytes_upload;
   out["host_lane_bytes_read"] = s.host_lane_bytes_read;
   out["host_lane_bytes_written"] = s.host_lane_bytes_written;
+  out["held_gradient_bytes_peak"] = s.held_gradient_bytes_peak;
   return out;
 }
 
