@@ -75,12 +75,16 @@ zenflow::Engine engine_in_parts(Model& model, const zf_engine_config& c, const s
 }
 
 // The engine of a run: one engine, or one over parts, on host or simulated backends.
-zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOptions& o) {
+// `simulated` (when given): the backend of a simulated engine of one part.
+zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOptions& o,
+                            SimulatedAsyncBackend** simulated = nullptr) {
   if (o.parts.empty()) {
     zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
-    if (o.simulated)
-      zf::testing::use_backend(engine.get(),
-                               std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies));
+    if (o.simulated) {
+      auto backend = std::make_unique<SimulatedAsyncBackend>(o.seed, o.eagerness, o.slow_copies);
+      if (simulated != nullptr) *simulated = backend.get();
+      zf::testing::use_backend(engine.get(), std::move(backend));
+    }
     return engine;
   }
   zenflow::Engine engine = engine_in_parts(model, c, o.parts);
@@ -96,12 +100,20 @@ zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOp
 
 // One step driven as a backward's hooks drive it with release_gradients: each gradient marked
 // ready (last parameter first); after each, the released ones are taken (two at a time: the
-// rest come with the next call) and poisoned, and go to end_step_with as NULL. With
+// rest come with the next call) and poisoned, and go to end_step_with as NULL. On a
+// simulated device the poison is written on the compute lane (stream-ordered, as memory
+// freed to torch's caching allocator is reused): a read the engine enqueued after reporting
+// the release would see it. With
 // `check_held` (one engine on the host backend, where a release is reported at once): a step
 // releases every matrix (and then held at most its largest bucket and the dense gradients at
 // once) or none (a selection step: it held every gradient).
 size_t release_step(zenflow::Engine& engine, const Model& model, std::vector<HostTensor>& grads,
-                    const std::vector<double>& lrs, bool check_held) {
+                    const std::vector<double>& lrs, bool check_held, SimulatedAsyncBackend* simulated,
+                    std::deque<std::vector<HostTensor>>& alive) {
+  alive.push_back(grads);  // the poison, written from here on a simulated device
+  std::vector<HostTensor>& poison = alive.back();
+  for (HostTensor& p : poison)
+    for (int64_t e = 0; e < p.numel(); ++e) p.set(e, NAN);
   std::vector<zf_tensor> g = tensors_of(grads);
   std::vector<zf_tensor> at_end = g;
   engine.begin_step(lrs);
@@ -116,7 +128,13 @@ size_t release_step(zenflow::Engine& engine, const Model& model, std::vector<Hos
           ADD_FAILURE() << "parameter " << taken[r] << " out of range or released twice";
           return released;
         }
-        for (int64_t e = 0; e < grads[taken[r]].numel(); ++e) grads[taken[r]].set(e, NAN);
+        HostTensor& dead = grads[taken[r]];
+        if (simulated != nullptr) {
+          simulated->copy_device(dead.data(), poison[taken[r]].data(),
+                                 static_cast<size_t>(dead.numel()) * zf_dtype_size(dead.dtype));
+        } else {
+          for (int64_t e = 0; e < dead.numel(); ++e) dead.set(e, NAN);
+        }
         at_end[taken[r]].data = nullptr;
         ++released;
       }
@@ -167,7 +185,8 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
     c.growth_interval = 3;
   }
   c.release_gradients = o.release ? 1 : 0;
-  zenflow::Engine engine = make_engine(model, c, o);
+  SimulatedAsyncBackend* simulated = nullptr;
+  zenflow::Engine engine = make_engine(model, c, o, &simulated);
   std::vector<std::vector<HostTensor>> out;
   std::deque<std::vector<HostTensor>> alive;  // gradients stay valid (and in place) while queued work may read them
   int64_t steps_released = 0;
@@ -189,7 +208,8 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
       for (size_t i = g.size(); i-- > 0;) EXPECT_EQ(zf_engine_mark_ready(engine.get(), i, &g[i]), ZF_SUCCESS);
       EXPECT_EQ(zf_engine_end_step_with(engine.get(), g.data(), g.size()), ZF_SUCCESS) << zf_last_error();
     } else if (o.release) {
-      const size_t released = release_step(engine, model, grads, step_lrs(model, t), !o.simulated && o.parts.empty());
+      const size_t released =
+          release_step(engine, model, grads, step_lrs(model, t), !o.simulated && o.parts.empty(), simulated, alive);
       steps_released += released > 0 ? 1 : 0;
     } else if (o.split) {
       // a backward that failed half way first: some gradients submitted (buckets packed and
@@ -215,7 +235,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
       engine.reset();                                       // the process ends
       for (HostTensor& p : model.params)                    // a new process: other values
         for (int64_t e = 0; e < p.numel(); ++e) p.set(e, 7.0f);
-      engine = make_engine(model, c, o);
+      engine = make_engine(model, c, o, &simulated);
       engine.load_state(state);
       model.params = params;  // restored after the optimizer (Trainer's order)
     }

@@ -436,12 +436,17 @@ ZF_API zf_status zf_engine_end_step_with(zf_engine* engine, const zf_tensor* gra
 /*
  * Gradient release (config.release_gradients 1; since 0.1.0, 2026-12-05). Writes to
  * indices[0, *count) the parameters whose gradients the engine released since the last call
- * in the open split step: it holds no pointer into them and, on CUDA, its last read of them
- * has completed on the device, so the caller may free or reuse their memory now (a hook sets
- * `.grad` to None). In parameter order within a bucket, buckets in the order they were
- * consumed; at most `capacity` (the rest come with the next call). *count is 0 outside a
- * split step or with release_gradients 0. zf_engine_end_step_with does not read the entries
- * of released parameters (their data may be NULL).
+ * in the open split step: it holds no pointer into them and reads them no more. In parameter
+ * order within a bucket, buckets in the order they were consumed; at most `capacity` (the
+ * rest come with the next call). *count is 0 outside a split step or with release_gradients
+ * 0. zf_engine_end_step_with does not read the entries of released parameters (their data
+ * may be NULL).
+ * Streams (CUDA): one engine's last reads are enqueued on the compute stream (the caller's,
+ * zf_engine_set_stream) and a bucket is reported as soon as they are: free the memory to a
+ * stream-ordered allocator on that stream (torch's caching allocator when the gradient was
+ * allocated on it, cudaFreeAsync on it), or synchronise the stream before reusing it
+ * otherwise. Data parallel reads them on a stream of the engine's: a bucket is reported once
+ * those reads have completed, so the memory may be reused at once.
  */
 ZF_API zf_status zf_engine_take_released(zf_engine* engine, size_t* indices, size_t capacity, size_t* count);
 

@@ -521,7 +521,8 @@ class Engine {
   std::vector<double> split_lrs_;
   bool split_has_lrs_ = false;
   // release_gradients: per bucket, released in this split step; the releases take_released
-  // has not reported yet (each with the event after the bucket's last read of its gradients);
+  // has not reported yet (each with the event after the bucket's last read of its gradients
+  // on the reduction lane, data parallel; nullptr when read on the compute lane);
   // the caller's gradient bytes held now (submitted, not released) and the most ever.
   struct Release {
     size_t bucket;

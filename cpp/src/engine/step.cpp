@@ -451,8 +451,13 @@ void Engine::release_bucket(Bucket& b) {
     backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), device_ + b.compact_grad_offset);
   }
   bucket_released_[index] = 1;
-  // After the last read of the gradients (this lane's: the reduction lane in data parallel).
-  releases_pending_.push_back(Release{index, backend_->record(Lane::kCompute)});
+  // One engine read the gradients on the compute lane (the caller's stream): reported at
+  // once, as memory freed to a stream-ordered allocator on that stream is reused only after
+  // the reads enqueued before (on CUDA, a wait for completion here would report nothing
+  // until the device caught up with backward). Data parallel read them on the reduction
+  // lane: reported once its event completes.
+  const Event read = parallel() ? backend_->record(Lane::kCompute) : nullptr;
+  releases_pending_.push_back(Release{index, read});
   hold_gradient_bytes(-static_cast<int64_t>(b.gradient_bytes));
 }
 
