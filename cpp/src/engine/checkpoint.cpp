@@ -261,14 +261,13 @@ void Engine::check_load_arguments(const zf_tensor* buffers, size_t count, const 
 
 void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, double loss_scale) {
   // Quiesce the host lane, dropping whatever it held (its errors included).
-  for (auto& job : slot_jobs_) {
+  for (auto& job : ring_.take_jobs()) {
     if (job) {
       try {
         job->wait();
       } catch (...) {
       }
     }
-    job.reset();
   }
   if (inflight_) {
     try {
@@ -279,7 +278,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   }
   backend_->synchronize();  // nothing in flight reads or writes the device state below
   scalar_readback_.clear();
-  slot_copied_.assign(slot_copied_.size(), nullptr);
+  ring_.forget_copies();
   last_scatter_.reset();
   uploads_done_.reset();
   ensure_device_memory();
@@ -368,7 +367,6 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   steps_accumulated_ = counters[ZF_COUNTER_STEPS_ACCUMULATED];
   update_pending_ = counters[ZF_COUNTER_UPDATE_PENDING] != 0;
   hysteresis_count_ = counters[ZF_COUNTER_HYSTERESIS];
-  next_slot_ = 0;
   sticky_ = false;
   sticky_message_.clear();
   rebuild_plans();

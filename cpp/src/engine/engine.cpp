@@ -243,10 +243,10 @@ Engine::~Engine() {
     // A failed device: nothing will run any more; free what is ours.
   }
   scalar_readback_.release();
-  slot_copied_.clear();
+  ring_.forget_copies();
   last_scatter_.reset();
   uploads_done_.reset();
-  host_slots_ = PinnedBuffer();
+  ring_.release();
   upload_ = PinnedBuffer();
   if (device_owned_ && device_ != nullptr) backend_->free_device(device_);
 }
@@ -353,10 +353,11 @@ void Engine::setup_buckets_and_memory() {
     stats_workspace_bytes_ = backend_->column_stats_workspace_bytes(tensors.data(), tensors.size());
   }
   stats_workspace_offset_ = take(stats_workspace_bytes_);
-  slot_stride_ = align256(kSlotHeaderBytes + slot_bytes_);
   const auto device_slots = static_cast<size_t>(config_.staging_slots);
-  const size_t host_slots = releasing() ? std::max(device_slots, buckets_.size()) : device_slots;
-  staging_offset_ = take(slot_stride_ * (backend_->host_visible() ? host_slots : device_slots));
+  ring_.plan(slot_bytes_, releasing() ? std::max(device_slots, buckets_.size()) : device_slots, device_slots,
+             backend_->host_visible());
+  staging_offset_ = take(ring_.device_bytes());
+  ring_.place(&device_, staging_offset_);
   // release_gradients: per bucket, its matrices' selected columns in the gradient's dtype.
   compact_grad_bytes_ = 0;
   if (releasing()) {
@@ -380,8 +381,6 @@ void Engine::setup_buckets_and_memory() {
   device_bytes_ = offset;
   upload_bytes_ = upload_bytes;
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
-  slot_jobs_.assign(host_slots, nullptr);
-  slot_copied_.assign(backend_->host_visible() ? 0 : device_slots, nullptr);
 }
 
 void Engine::release_host_memory() {
@@ -390,7 +389,7 @@ void Engine::release_host_memory() {
       std::vector<float>().swap(*v);
     std::vector<int32_t>().swap(m.steps);
   }
-  host_slots_ = PinnedBuffer();
+  ring_.release();
   upload_ = PinnedBuffer();
   scalar_readback_.release();
   host_memory_ready_ = false;
@@ -407,7 +406,7 @@ void Engine::ensure_host_memory() {
     m.acc[1].assign(elements, 0.0f);
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
-  if (!backend_->host_visible()) host_slots_ = PinnedBuffer(backend_.get(), slot_stride_ * host_slot_count());
+  ring_.allocate(backend_.get());
   upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
   scalar_readback_.allocate(backend_.get());
   host_memory_ready_ = true;
@@ -534,7 +533,7 @@ void Engine::poll_host_lane() {
   // A failure of a finished job, or a non-finite gradient found after its step on the
   // device, surfaces at the next call (docs/design.md section 7).
   check_usable();
-  for (auto& job : slot_jobs_) {
+  for (const auto& job : ring_.jobs()) {
     if (job && job->done()) wait_job(job, nullptr);
   }
   if (inflight_ && inflight_->done()) wait_job(inflight_, nullptr);

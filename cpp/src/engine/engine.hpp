@@ -29,6 +29,7 @@
 #include "engine/host_lane.hpp"
 #include "engine/scalar_readback.hpp"
 #include "engine/schedule.hpp"
+#include "engine/staging_ring.hpp"
 #include "ops/cpu_adamw_plan.hpp"
 #include "zenflow/engine.h"
 
@@ -217,7 +218,7 @@ class Engine {
   };
   // A staging slot starts with a SlotHeader (step_scalars.hpp), copied down with the packed
   // gradient: the host accumulate applies its scale, or adds nothing when it says skip.
-  static constexpr size_t kSlotHeaderBytes = 256;
+  static constexpr size_t kSlotHeaderBytes = StagingRing::kHeaderBytes;
   struct Matrix {
     size_t param;
     int64_t rows, cols, k;
@@ -318,10 +319,7 @@ class Engine {
   // the next device slot (the compute lane waits for its last copy down), and packs the
   // bucket's deferred gradient columns into the device slot. On the host backend the two are
   // one slot (device == host).
-  struct StagingSlot {
-    size_t host, device;
-  };
-  StagingSlot pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
+  StagingRing::Slot pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
@@ -369,10 +367,6 @@ class Engine {
   // Data parallel: end_step's agreement, one slot per rank after the flags (share_statistics).
   size_t agreement_slots() const { return parallel() ? static_cast<size_t>(world_) : 0; }
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
-  // Where the host lane reads staging slot `slot` (its header, then the packed columns).
-  uint8_t* host_slot(size_t slot) const {
-    return (backend_->host_visible() ? device_ + staging_offset_ : host_slots_.data()) + slot * slot_stride_;
-  }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
   // A loaded pending host result: matrix m's upload copy from its host master.
@@ -456,8 +450,8 @@ class Engine {
   std::unique_ptr<HostLane> lane_;
 
   // device memory (attached, or owned)
-  size_t device_bytes_ = 0, staging_offset_ = 0, slot_stride_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0,
-         device_state_bytes_ = 0, col_sq_offset_ = 0, col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0,
+  size_t device_bytes_ = 0, staging_offset_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0, device_state_bytes_ = 0,
+         col_sq_offset_ = 0, col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0,
          stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
          flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0,
          partials_offset_ = 0;
@@ -466,28 +460,16 @@ class Engine {
   bool initialized_ = false;
 
   // host buffers: the ones a copy lane touches are pinned
-  // staging_slots * slot_stride_, on CUDA. The host backend's host lane reads the device
-  // slots in place (host_slot()): a deferred gradient is packed once, not packed then copied.
-  PinnedBuffer host_slots_;
   PinnedBuffer upload_;  // U
   size_t upload_bytes_ = 0;
   ScalarReadback scalar_readback_;  // the step scalars on their way to the host
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
   Event uploads_done_;              // U is free once it completes
-  // The staging ring: host slots (slot_jobs_: the host lane's job reading each) and, on a
-  // backend that is not host-visible, device slots (slot_copied_: each one's last copy down,
-  // after which it is free). A device slot is free once copied, a host slot once accumulated,
-  // so the two rings turn independently: staging_slots device slots, and as many host slots,
+  // The staging ring (staging_ring.hpp): staging_slots device slots, and as many host slots
   // or (release_gradients) one per bucket, so that every bucket of a step can be consumed
-  // during backward while the device keeps staging_slots. The host backend's ring is one (its
-  // host lane reads the device slots).
-  std::vector<std::shared_ptr<WorkJob>> slot_jobs_;
-  std::vector<Event> slot_copied_;
-  size_t next_slot_ = 0, next_device_slot_ = 0;
-  size_t host_slot_count() const { return slot_jobs_.size(); }
-  size_t device_slot_count() const { return slot_copied_.size(); }
-  uint8_t* device_slot(size_t slot) const { return device_ + staging_offset_ + slot * slot_stride_; }
+  // during backward while the device keeps staging_slots.
+  StagingRing ring_;
   std::shared_ptr<WorkJob> inflight_;  // the host update whose result is not uploaded yet
   int acc_current_ = 0;
   int64_t steps_accumulated_ = 0;
@@ -507,7 +489,7 @@ class Engine {
 
   // split form. A split step that is not a selection step starts its work at submit: the
   // statistics of each submitted range, and the pack and copy down of each bucket whose
-  // matrices are all submitted (at most host_slot_count() buckets: a host slot is not reused
+  // matrices are all submitted (at most ring_.host_slots() buckets: a host slot is not reused
   // within the step before end_step). Their host accumulates are queued by end_step, after the
   // slots' headers (the step's scale is known only then); abort_step drops them.
   bool early_ = false;

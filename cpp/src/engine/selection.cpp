@@ -240,7 +240,7 @@ void Engine::rebuild_plans() {
       const zf_tensor out = host_tensor(upload_.data() + m.upload_offset, b.dtype, {placed.elements()});
       m.update_plan.build(&state, &b.selected_tensors[i - b.first], 1, &grad, nullptr, &out);
     }
-    const zf_tensor packed = host_tensor(host_slot(0) + kSlotHeaderBytes, b.dtype, {layout.total()});
+    const zf_tensor packed = host_tensor(ring_.host_slot(0) + kSlotHeaderBytes, b.dtype, {layout.total()});
     b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
     b.pack = std::make_unique<PackPlan>(std::move(device_layout), dtypes, b.dtype);
     b.matrix_tensors.assign(count, zf_tensor{});

@@ -27,7 +27,7 @@ zf_engine_stats Engine::stats() const {
   s.device_state_bytes = static_cast<int64_t>(device_state_bytes_);
   // What the engine holds once it has stepped (allocated at first use: ensure_host_memory).
   // The host backend has no pinned staging slots: its host lane reads the device slots.
-  const auto slots = backend_->host_visible() ? int64_t{0} : static_cast<int64_t>(slot_stride_ * host_slot_count());
+  const auto slots = static_cast<int64_t>(ring_.pinned_bytes());
   const auto records = static_cast<int64_t>(ScalarReadback::host_bytes());
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
@@ -43,7 +43,7 @@ zf_engine_stats Engine::stats() const {
 }
 
 size_t Engine::host_memory_capacity() const {
-  size_t bytes = host_slots_.size() + upload_.size() + scalar_readback_.host_capacity();
+  size_t bytes = ring_.pinned_capacity() + upload_.size() + scalar_readback_.host_capacity();
   for (const Matrix& m : matrices_) {
     for (const std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
       bytes += v->capacity() * sizeof(float);

@@ -169,7 +169,7 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
     const Param& p = params_[first + j];
     if (!p.matrix) continue;
     const size_t b = matrices_[p.index].bucket;
-    if (--bucket_pending_[b] == 0 && early_buckets_.size() < host_slot_count()) {
+    if (--bucket_pending_[b] == 0 && early_buckets_.size() < ring_.host_slots()) {
       defer_bucket_early(buckets_[b]);
       release_bucket(buckets_[b]);
     }
@@ -332,7 +332,7 @@ void Engine::reduce_bucket_in_backward(Bucket& b, bool zeros) {
   if (zeros) return reduce_bucket(b, nullptr, split_select_);
   reduce_bucket(b, submitted_.data(), split_select_);
   bucket_statistics(b, submitted_.data());
-  if (!split_select_ && early_buckets_.size() < host_slot_count()) {
+  if (!split_select_ && early_buckets_.size() < ring_.host_slots()) {
     defer_bucket_early(b);
     release_bucket(b);
   }
@@ -363,31 +363,26 @@ void Engine::dense_statistics(const zf_tensor* grads) {
   }
 }
 
-Engine::StagingSlot Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
-  StagingSlot slot{next_slot_, next_slot_};
-  next_slot_ = (next_slot_ + 1) % host_slot_count();
-  if (slot_jobs_[slot.host]) {  // back-pressure: the host still holds this slot
-    wait_job(slot_jobs_[slot.host], &stall_back_pressure_);
-    slot_jobs_[slot.host].reset();
-  }
+StagingRing::Slot Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads) {
+  std::shared_ptr<WorkJob> busy;
+  const StagingRing::Slot slot = ring_.next(&busy);
+  if (busy) wait_job(busy, &stall_back_pressure_);  // back-pressure: the host still held this slot
   bind_gradients(b, grads);
-  if (!backend_->host_visible()) {  // else the host lane reads the device slot in place
-    slot.device = next_device_slot_;
-    next_device_slot_ = (next_device_slot_ + 1) % device_slot_count();
-    backend_->wait(Lane::kCompute, slot_copied_[slot.device]);  // its last copy down has read it
-  }
-  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), device_slot(slot.device) + kSlotHeaderBytes);
+  if (!backend_->host_visible())                                // else the host lane reads the device slot in place
+    backend_->wait(Lane::kCompute, ring_.copied(slot.device));  // its last copy down has read it
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(),
+                 ring_.device_slot(slot.device) + kSlotHeaderBytes);
   return slot;
 }
 
 void Engine::defer_bucket_early(Bucket& b) {
   if (b.packed_bytes == 0) return;
-  const StagingSlot slot = pack_into_next_slot(b, submitted_.data());
+  const StagingRing::Slot slot = pack_into_next_slot(b, submitted_.data());
   if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
     backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(host_slot(slot.host) + kSlotHeaderBytes, device_slot(slot.device) + kSlotHeaderBytes,
-                        b.packed_bytes);
-    slot_copied_[slot.device] = backend_->record(Lane::kDown);
+    backend_->copy_down(ring_.host_slot(slot.host) + kSlotHeaderBytes,
+                        ring_.device_slot(slot.device) + kSlotHeaderBytes, b.packed_bytes);
+    ring_.set_copied(slot.device, backend_->record(Lane::kDown));
   }
   b.early_slot = slot.host;
   b.early_device_slot = slot.device;
@@ -405,19 +400,20 @@ void Engine::release_early_buckets(const StepScalars* scalars) {
   // event: it was recorded on the down lane after the bodies, so it covers both copies.
   if (early_buckets_.empty()) return;
   for (size_t index : early_buckets_)
-    backend_->copy_device(device_slot(buckets_[index].early_device_slot), &scalars->grad_scale, sizeof(SlotHeader));
+    backend_->copy_device(ring_.device_slot(buckets_[index].early_device_slot), &scalars->grad_scale,
+                          sizeof(SlotHeader));
   Event copied;
   if (!backend_->host_visible()) {
     backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
     for (size_t index : early_buckets_)
-      backend_->copy_down(host_slot(buckets_[index].early_slot), device_slot(buckets_[index].early_device_slot),
-                          sizeof(SlotHeader));
+      backend_->copy_down(ring_.host_slot(buckets_[index].early_slot),
+                          ring_.device_slot(buckets_[index].early_device_slot), sizeof(SlotHeader));
     copied = backend_->record(Lane::kDown);
-    for (size_t index : early_buckets_) slot_copied_[buckets_[index].early_device_slot] = copied;
+    for (size_t index : early_buckets_) ring_.set_copied(buckets_[index].early_device_slot, copied);
   }
   for (size_t index : early_buckets_) {
     Bucket& b = buckets_[index];
-    slot_jobs_[b.early_slot] = submit_slot_accumulate(b, b.early_slot, copied);
+    ring_.set_job(b.early_slot, submit_slot_accumulate(b, b.early_slot, copied));
   }
   early_buckets_.clear();
 }
@@ -479,7 +475,7 @@ void Engine::take_released(std::vector<size_t>* out) {
 }
 
 std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
-  uint8_t* host_slot = this->host_slot(slot);
+  uint8_t* host_slot = ring_.host_slot(slot);
   const int acc = acc_current_;
   Backend* backend = backend_.get();
   return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied](ThreadPool& pool) {
@@ -806,17 +802,18 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
 
 void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
-  const StagingSlot slot = pack_into_next_slot(b, grads);
-  uint8_t* at = device_slot(slot.device);
+  const StagingRing::Slot slot = pack_into_next_slot(b, grads);
+  uint8_t* at = ring_.device_slot(slot.device);
   const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
   backend_->copy_device(at, &scalars->grad_scale, sizeof(SlotHeader));
   Event copied;
   if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
     backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(host_slot(slot.host), at, kSlotHeaderBytes + b.packed_bytes);
-    copied = slot_copied_[slot.device] = backend_->record(Lane::kDown);
+    backend_->copy_down(ring_.host_slot(slot.host), at, kSlotHeaderBytes + b.packed_bytes);
+    copied = backend_->record(Lane::kDown);
+    ring_.set_copied(slot.device, copied);
   }
-  slot_jobs_[slot.host] = submit_slot_accumulate(b, slot.host, copied);
+  ring_.set_job(slot.host, submit_slot_accumulate(b, slot.host, copied));
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 
@@ -831,9 +828,12 @@ void Engine::quiesce_host_lane() {
 }
 
 void Engine::wait_all_slots(double* stall) {
-  for (auto& job : slot_jobs_) {
-    if (job) wait_job(job, stall);
-    job.reset();
+  // Each job leaves the ring once waited for: a failure (raised here) leaves the rest in it.
+  for (size_t slot = 0; slot < ring_.host_slots(); ++slot) {
+    const std::shared_ptr<WorkJob> job = ring_.jobs()[slot];
+    if (!job) continue;
+    wait_job(job, stall);
+    ring_.set_job(slot, nullptr);
   }
 }
 
