@@ -1,7 +1,7 @@
 // libFuzzer target of the C ABI's validation (issue 14): zf_column_stats and
 // zf_adamw_selected_columns with fuzzed tensor descriptors, and zf_engine_create, then
 // zf_engine_load_state and steps (plain, with per-step hyper-parameters, or split through
-// zf_engine_mark_ready / zf_engine_end_step_with), with fuzzed parameters, groups,
+// zf_engine_mark_ready / zf_engine_take_released / zf_engine_end_step_with), with fuzzed parameters, groups,
 // configuration and checkpoint buffers. Built with -fsanitize=fuzzer,address,undefined (fuzz/CMakeLists.txt;
 // tools/run_fuzz.sh runs it for a bounded time from fuzz/corpus/).
 //
@@ -203,6 +203,8 @@ void fuzz_engine(Input& in, Arena& arena) {
   config.topk_ratio = in.real();
   config.update_interval = static_cast<int64_t>(in.byte() % 5) - 1;
   config.overlap_step = in.byte() % 2;
+  // From a byte already read, so that the corpus's inputs keep their meaning.
+  config.release_gradients = config.bucket_bytes % 3 == 0 ? 1 : 0;
   if (in.byte() % 4 == 0) {
     config.select_strategy = static_cast<zf_select_strategy>(in.byte() % 4);
     config.select_interval = static_cast<int64_t>(in.byte() % 4) - 1;
@@ -275,13 +277,19 @@ void fuzz_engine(Input& in, Arena& arena) {
     if (mode == 2) {
       zf_engine_begin_step(engine, nullptr, 0);
       const size_t marks = in.byte() % 8;
+      std::vector<size_t> released;
       for (size_t k = 0; k < marks && !grads.empty(); ++k) {
         const size_t index = in.byte() % (grads.size() + 1);  // one past the end now and then
         zf_engine_mark_ready(engine, index, &grads[index % grads.size()]);
+        size_t taken[4], count = 0;  // release_gradients: a capacity of 0 to 4
+        if (zf_engine_take_released(engine, taken, index % 5, &count) == ZF_SUCCESS)
+          released.insert(released.end(), taken, taken + count);
       }
       const size_t end_count = in.byte() % 8 == 0 ? grads.size() + 1 : grads.size();
       std::vector<zf_tensor> final_grads = grads;
       final_grads.resize(end_count, zf_tensor{});
+      for (size_t index : released)  // not read again: handed over as NULL
+        if (index < final_grads.size()) final_grads[index].data = nullptr;
       if (zf_engine_end_step_with(engine, final_grads.empty() ? nullptr : final_grads.data(), end_count) != ZF_SUCCESS)
         zf_engine_abort_step(engine);
       continue;

@@ -91,7 +91,11 @@ class _OverlapMixin:
         as autograd does. Returns a handle whose remove() unregisters the hooks. With
         gradient accumulation, run the backward of every micro-batch but the last inside
         `with opt.no_sync():`. Pass the module itself, not a DistributedDataParallel or
-        FSDP wrapper (zenflow reduces the gradients itself)."""
+        FSDP wrapper (zenflow reduces the gradients itself). With release_gradients=True the
+        hooks also free each matrix's `.grad` once the engine has consumed its bucket (about
+        one bucket alive at a time; None after backward; a selection step keeps every one
+        until step()), and code that reads gradients after backward (a norm for logging,
+        torch's clip_grad_norm_) sees only the dense parameters': use max_grad_norm."""
         if self._overlap_handle is not None:
             raise ValueError(
                 "overlap_backward: already registered (call remove() on its handle first)"
