@@ -112,9 +112,9 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
   std::vector<uint8_t> mirror;
   if (!backend_->host_visible()) {
     mirror.resize(device_state_bytes_);
-    download(mirror.data(), device_, device_state_bytes_);
+    download(mirror.data(), arena_.base(), device_state_bytes_);
   }
-  const uint8_t* state = backend_->host_visible() ? device_ : mirror.data();
+  const uint8_t* state = backend_->host_visible() ? arena_.base() : mirror.data();
   auto state_float = [state](size_t offset) { return reinterpret_cast<const float*>(state + offset); };
   auto state_int = [state](size_t offset) { return reinterpret_cast<const int32_t*>(state + offset); };
   size_t e = 0;
@@ -289,7 +289,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   // goes up at the end.
   std::vector<uint8_t> mirror;
   if (!backend_->host_visible()) mirror.assign(device_state_bytes_, 0);
-  uint8_t* state = backend_->host_visible() ? device_ : mirror.data();
+  uint8_t* state = backend_->host_visible() ? arena_.base() : mirror.data();
   auto state_float = [state](size_t offset) { return reinterpret_cast<float*>(state + offset); };
   auto state_int = [state](size_t offset) { return reinterpret_cast<int32_t*>(state + offset); };
   bool reselect = false;
@@ -357,7 +357,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
     std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
     e += 8;
   }
-  if (!mirror.empty()) upload(device_, mirror.data(), device_state_bytes_);
+  if (!mirror.empty()) upload(arena_.base(), mirror.data(), device_state_bytes_);
   for (Matrix& m : matrices_) upload_selection(m);
   if (reselect) schedule_.force_selection();
   growth_tracker_ = counters[ZF_COUNTER_GROWTH_TRACKER];

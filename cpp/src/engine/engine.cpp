@@ -224,7 +224,7 @@ void Engine::create_backend(int compute_threads) {
 }
 
 void Engine::replace_backend_for_testing(std::unique_ptr<Backend> backend) {
-  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+  require(!initialized_ && !arena_.exists(), ZF_ERROR_INVALID_VALUE,
           "the backend is replaced before the first step, with no device memory attached");
   const int lane_threads = lane_->threads();
   lane_.reset();          // no job refers to the old buffers
@@ -248,7 +248,7 @@ Engine::~Engine() {
   uploads_done_.reset();
   ring_.release();
   upload_ = PinnedBuffer();
-  if (device_owned_ && device_ != nullptr) backend_->free_device(device_);
+  arena_.free(*backend_);
 }
 
 void Engine::setup_buckets_and_memory() {
@@ -294,20 +294,16 @@ void Engine::setup_buckets_and_memory() {
   // Device memory: compact state per matrix, dense state, the selections, the column sums
   // of every parameter, the step scalars, the statistics workspace, the staging ring, one
   // upload bucket.
-  size_t offset = 0;
-  auto take = [&offset](size_t bytes) {
-    const size_t at = offset;
-    offset += align256(bytes);
-    return at;
-  };
+  arena_.start_layout();
+  auto take = [this](size_t bytes) { return arena_.take(bytes); };
   for (Matrix& m : matrices_) {
     const size_t floats = static_cast<size_t>(m.rows * m.k) * 4;
-    const size_t start = offset;
+    const size_t start = arena_.bytes();
     if (m.has_master) m.dev_master = take(floats);
     m.dev_exp_avg = take(floats);
     m.dev_exp_avg_sq = take(floats);
     m.dev_steps = take(static_cast<size_t>(m.k) * 4);
-    m.compact_bytes = offset - start;
+    m.compact_bytes = arena_.bytes() - start;
   }
   for (Dense& d : dense_) {
     const Param& p = params_[d.param];
@@ -317,7 +313,7 @@ void Engine::setup_buckets_and_memory() {
     d.dev_exp_avg_sq = take(floats);
     d.dev_steps = take(4);  // one count: the update sees a dense parameter as [numel, 1]
   }
-  device_state_bytes_ = offset;
+  device_state_bytes_ = arena_.bytes();
   size_t selected_ints = 0;
   for (Matrix& m : matrices_) {
     m.dev_selected = selected_ints * 4;  // relative to selected_offset_
@@ -357,7 +353,7 @@ void Engine::setup_buckets_and_memory() {
   ring_.plan(slot_bytes_, releasing() ? std::max(device_slots, buckets_.size()) : device_slots, device_slots,
              backend_->host_visible());
   staging_offset_ = take(ring_.device_bytes());
-  ring_.place(&device_, staging_offset_);
+  ring_.place(arena_.base_address(), staging_offset_);
   // release_gradients: per bucket, its matrices' selected columns in the gradient's dtype.
   compact_grad_bytes_ = 0;
   if (releasing()) {
@@ -377,8 +373,7 @@ void Engine::setup_buckets_and_memory() {
     for (size_t i = b.first; releasing() && i < b.last; ++i) matrices_[i].dev_compact_grad += b.compact_grad_offset;
   }
   upload_buffer_offset_ = take(backend_->host_visible() ? 0 : slot_bytes_);  // the host backend scatters from U
-  offset = parallel_memory(offset);
-  device_bytes_ = offset;
+  parallel_memory();
   upload_bytes_ = upload_bytes;
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
 }
@@ -413,18 +408,14 @@ void Engine::ensure_host_memory() {
 }
 
 void Engine::attach_device_memory(void* memory, size_t bytes) {
-  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+  require(!initialized_, ZF_ERROR_INVALID_VALUE,
           "memory: device memory is attached once, before the first step or load");
-  require(memory != nullptr || device_bytes_ == 0, ZF_ERROR_INVALID_VALUE, "memory: NULL");
-  require(bytes >= device_bytes_, ZF_ERROR_INVALID_VALUE, "bytes: ", bytes, " < the ", device_bytes_,
-          " bytes zf_engine_device_memory_size asks for");
-  require(reinterpret_cast<uintptr_t>(memory) % 256 == 0, ZF_ERROR_INVALID_VALUE, "memory: not 256-byte aligned");
-  device_ = static_cast<uint8_t*>(memory);
+  arena_.attach(memory, bytes);
   on_device_memory();
 }
 
 void Engine::on_device_memory() {
-  backend_->fill_device_zero(device_, device_bytes_);
+  backend_->fill_device_zero(arena_.base(), arena_.bytes());
   backend_->synchronize();  // once: whatever stream the first step runs on sees zeroed memory
   // Each parameter's column sums, at its place in the col_sq region.
   col_sq_tensors_.clear();
@@ -434,10 +425,7 @@ void Engine::on_device_memory() {
 }
 
 void Engine::ensure_device_memory() {
-  if (device_ != nullptr || device_bytes_ == 0) return;
-  device_ = static_cast<uint8_t*>(backend_->allocate_device(device_bytes_));
-  device_owned_ = true;
-  on_device_memory();
+  if (arena_.ensure(*backend_)) on_device_memory();
 }
 
 void Engine::initialize_state() {

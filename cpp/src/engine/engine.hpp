@@ -26,6 +26,7 @@
 
 #include "common/thread_pool.hpp"
 #include "engine/backend.hpp"
+#include "engine/device_arena.hpp"
 #include "engine/host_lane.hpp"
 #include "engine/scalar_readback.hpp"
 #include "engine/schedule.hpp"
@@ -76,7 +77,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  size_t device_memory_bytes() const { return device_bytes_; }
+  size_t device_memory_bytes() const { return arena_.bytes(); }
   void attach_device_memory(void* memory, size_t bytes);
 
   void step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count);
@@ -304,7 +305,7 @@ class Engine {
   size_t param_name(size_t local) const { return part_.param_names.empty() ? local : part_.param_names[local]; }
   size_t buffer_name(size_t local) const { return part_.buffer_names.empty() ? local : part_.buffer_names[local]; }
   ScalarPartial* partial(size_t slot) const {
-    return reinterpret_cast<ScalarPartial*>(device_ + partials_offset_) + slot;
+    return reinterpret_cast<ScalarPartial*>(arena_.base() + partials_offset_) + slot;
   }
   size_t find_nonfinite(const zf_tensor* grads) const;
   // release_gradients (step.cpp): a bucket whose gradients are all consumed (statistics
@@ -366,15 +367,16 @@ class Engine {
   size_t flag_count() const { return std::max<size_t>(1, params_.size()); }
   // Data parallel: end_step's agreement, one slot per rank after the flags (share_statistics).
   size_t agreement_slots() const { return parallel() ? static_cast<size_t>(world_) : 0; }
-  float* device_float(size_t offset) const { return reinterpret_cast<float*>(device_ + offset); }
-  int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(device_ + offset); }
+  float* device_float(size_t offset) const { return reinterpret_cast<float*>(arena_.base() + offset); }
+  int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(arena_.base() + offset); }
   zf_column_state host_state(Matrix& m, bool with_master);
   // A loaded pending host result: matrix m's upload copy from its host master.
   void write_upload_from_master(Matrix& m);
   // parallel.cpp (data parallel; each a no-op on one engine)
   bool parallel() const { return world_ > 1; }
   void set_ownership();
-  size_t parallel_memory(size_t offset);
+  // The regions data parallel (and release_gradients' deferred lists) add to the layout.
+  void parallel_memory();
   void upload_selection(Matrix& m);
   // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
   // whether any failed and whether all are in the same call: a local failure is rethrown,
@@ -450,13 +452,11 @@ class Engine {
   std::unique_ptr<HostLane> lane_;
 
   // device memory (attached, or owned)
-  size_t device_bytes_ = 0, staging_offset_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0, device_state_bytes_ = 0,
-         col_sq_offset_ = 0, col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0,
-         stats_workspace_offset_ = 0, stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0,
-         flags_offset_ = 0, total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0,
-         partials_offset_ = 0;
-  uint8_t* device_ = nullptr;
-  bool device_owned_ = false;
+  size_t staging_offset_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0, device_state_bytes_ = 0, col_sq_offset_ = 0,
+         col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0, stats_workspace_offset_ = 0,
+         stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0, flags_offset_ = 0,
+         total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0, partials_offset_ = 0;
+  DeviceArena arena_;  // every device region below lives in its one block
   bool initialized_ = false;
 
   // host buffers: the ones a copy lane touches are pinned

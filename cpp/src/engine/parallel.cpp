@@ -26,7 +26,7 @@ int64_t chunk_lo(int64_t cols, int rank, int world) { return cols * rank / world
 }  // namespace
 
 void Engine::set_collectives(const zf_engine_collectives* c) {
-  require(!initialized_ && device_ == nullptr, ZF_ERROR_INVALID_VALUE,
+  require(!initialized_ && !arena_.exists(), ZF_ERROR_INVALID_VALUE,
           "collectives: set before the device memory is attached and before the first step or load");
   if (c != nullptr && c->world_size != 1) {
     require(c->world_size >= 1, ZF_ERROR_INVALID_VALUE, "collectives.world_size: must be >= 1, got ", c->world_size);
@@ -58,15 +58,11 @@ void Engine::set_ownership() {
   }
 }
 
-size_t Engine::parallel_memory(size_t offset) {
+void Engine::parallel_memory() {
   reduce_offset_ = reduce_bytes_ = shard_offset_ = shard_bytes_ = health_offset_ = 0;
   exchange_offset_ = exchange_bytes_ = lists_offset_ = 0;
-  if (!parallel() && !releasing()) return offset;
-  auto take = [&offset](size_t bytes) {
-    const size_t at = offset;
-    offset += align256(bytes);
-    return at;
-  };
+  if (!parallel() && !releasing()) return;
+  auto take = [this](size_t bytes) { return arena_.take(bytes); };
   // Per matrix: the deferred list (n i32) and, data parallel, one skip list per rank (n i32
   // each). One engine needs the deferred list for release_gradients' compact copy.
   const size_t rank_lists = parallel() ? static_cast<size_t>(world_) : 0;
@@ -81,7 +77,7 @@ size_t Engine::parallel_memory(size_t offset) {
     m.dev_deferred += lists_offset_;
     m.dev_rank_skip += lists_offset_;
   }
-  if (!parallel()) return offset;
+  if (!parallel()) return;
   // The reduction scratch holds a whole bucket as world chunks (the largest any rank gets with
   // nothing selected, padded), or a run of dense gradients; the shard one chunk.
   size_t dense_bytes = 0;
@@ -109,7 +105,6 @@ size_t Engine::parallel_memory(size_t offset) {
   health_offset_ = take(static_cast<size_t>(world_) * 4);
   for (const Matrix& m : matrices_) exchange_bytes_ = std::max(exchange_bytes_, m.compact_bytes);
   exchange_offset_ = take(exchange_bytes_);
-  return offset;
 }
 
 void Engine::upload_selection(Matrix& m) {
@@ -117,7 +112,7 @@ void Engine::upload_selection(Matrix& m) {
   m.own_selected.clear();
   for (int32_t j : m.selected)
     if (j >= m.own_lo && j < m.own_lo + m.own_cols) m.own_selected.push_back(static_cast<int32_t>(j - m.own_lo));
-  upload(device_ + m.dev_selected, m.selected.data(), m.selected.size() * 4);
+  upload(arena_.base() + m.dev_selected, m.selected.data(), m.selected.size() * 4);
   if (!parallel() && !releasing()) return;
   const auto cols = static_cast<size_t>(m.cols);
   std::vector<uint8_t> is_selected(cols, 0);
@@ -136,7 +131,7 @@ void Engine::upload_selection(Matrix& m) {
     }
     m.rank_skip_count[static_cast<size_t>(q)] = static_cast<int64_t>(count);
   }
-  upload(device_ + m.dev_deferred, lists.data(), lists.size() * 4);
+  upload(arena_.base() + m.dev_deferred, lists.data(), lists.size() * 4);
 }
 
 void Engine::rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes) {
@@ -244,9 +239,9 @@ bool Engine::agree(Agreement call, const std::function<void()>& checks) {
   std::vector<int32_t> slots(static_cast<size_t>(world_), 0);
   slots[static_cast<size_t>(rank_)] = static_cast<int32_t>(call) * 4 + local_flag;
   const auto start = std::chrono::steady_clock::now();
-  upload(device_ + health_offset_, slots.data(), slots.size() * 4);
-  all_reduce(device_ + health_offset_, slots.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
-  download(slots.data(), device_ + health_offset_, slots.size() * 4);
+  upload(arena_.base() + health_offset_, slots.data(), slots.size() * 4);
+  all_reduce(arena_.base() + health_offset_, slots.size(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  download(slots.data(), arena_.base() + health_offset_, slots.size() * 4);
   if (!backend_->host_visible())
     stall_readback_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return judge_agreement(call, slots, local);
@@ -320,7 +315,7 @@ void Engine::reduce_gradients(const zf_tensor* grads, bool whole) {
 void Engine::reduce_dense(const zf_tensor* grads) {
   // Consecutive dense gradients of one dtype share an all-reduce through the scratch; a
   // larger one goes in pieces. Without gradients (a refused rank) the pieces are zeros.
-  uint8_t* scratch = device_ + reduce_offset_;
+  uint8_t* scratch = arena_.base() + reduce_offset_;
   struct Piece {
     void* grad;
     size_t at, bytes;
@@ -362,7 +357,7 @@ void Engine::reduce_dense(const zf_tensor* grads) {
 }
 
 void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
-  uint8_t* scratch = device_ + reduce_offset_;
+  uint8_t* scratch = arena_.base() + reduce_offset_;
   const size_t element = zf_dtype_size(b.dtype);
   const bool zeros = grads == nullptr;
   if (!zeros) bind_gradients(b, grads);
@@ -392,7 +387,7 @@ void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
       backend_->pack(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
                      b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
                      scratch + static_cast<size_t>(q) * b.chunk_elements * element);
-    uint8_t* shard = device_ + shard_offset_;
+    uint8_t* shard = arena_.base() + shard_offset_;
     const zf_status status =
         comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
     if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
@@ -413,9 +408,9 @@ void Engine::share_statistics(bool end_of_split_step, std::exception_ptr local) 
     const int64_t hi = m.own_lo + m.own_cols;
     backend_->fill_device_zero(col_sq + hi, static_cast<size_t>(m.cols - hi) * 4);
   }
-  all_reduce(device_ + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
+  all_reduce(arena_.base() + col_sq_offset_, matrix_col_floats_, ZF_DTYPE_F32, &collective_stats_bytes_);
   if (!end_of_split_step) {
-    all_reduce(device_ + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
+    all_reduce(arena_.base() + flags_offset_, flag_count(), ZF_DTYPE_I32, &collective_stats_bytes_);
     return;
   }
   // A split step's end: the ranks agreed at begin_step and ran the same collectives since. A
@@ -428,7 +423,7 @@ void Engine::share_statistics(bool end_of_split_step, std::exception_ptr local) 
     const int32_t failed = sticky_ ? 2 : 1;
     upload(device_int(flags_offset_) + flag_count() + rank_, &failed, 4);
   }
-  all_reduce(device_ + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
+  all_reduce(arena_.base() + flags_offset_, flag_count() + agreement_slots(), ZF_DTYPE_I32, &collective_stats_bytes_);
   std::vector<int32_t> slots(agreement_slots(), 0);
   const auto start = std::chrono::steady_clock::now();
   download(slots.data(), device_int(flags_offset_) + flag_count(), slots.size() * 4);
@@ -441,8 +436,8 @@ void Engine::gather_upload(Bucket& b) {
   // This rank's chunk goes up into the shard buffer (after the compute lane's last use of it),
   // is all-gathered into the scratch, and every rank's chunk is scattered into the weights.
   const size_t element = zf_dtype_size(b.dtype);
-  uint8_t* shard = device_ + shard_offset_;
-  uint8_t* scratch = device_ + reduce_offset_;
+  uint8_t* shard = arena_.base() + shard_offset_;
+  uint8_t* scratch = arena_.base() + reduce_offset_;
   if (b.packed_bytes > 0) {
     backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
     backend_->copy_up(shard, upload_.data() + b.upload_offset, b.packed_bytes);
@@ -466,7 +461,7 @@ void Engine::share_entering_columns(float* const* arrays, size_t array_count, si
                                     size_t steps_count) {
   // Through the exchange scratch (the collectives work on device memory): the floats, then
   // the step counts, summed in their own dtype.
-  uint8_t* at = device_ + exchange_offset_;
+  uint8_t* at = arena_.base() + exchange_offset_;
   const size_t float_bytes = array_count * floats_each * 4;
   for (size_t a = 0; a < array_count; ++a) upload(at + a * floats_each * 4, arrays[a], floats_each * 4);
   upload(at + float_bytes, steps, steps_count * 4);

@@ -127,7 +127,7 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   const size_t floats = align256(static_cast<size_t>(rows * m.k) * 4);
   const size_t region = m.has_master ? m.dev_master : m.dev_exp_avg;
   std::vector<uint8_t> old_region(m.compact_bytes), new_region(m.compact_bytes);
-  download(old_region.data(), device_ + region, m.compact_bytes);
+  download(old_region.data(), arena_.base() + region, m.compact_bytes);
   auto compact = [&](uint8_t* at, int64_t k) {
     const size_t first = m.has_master ? floats : 0;
     return zf_column_state{
@@ -142,7 +142,7 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   check_call(zf_exchange_selected_columns(&old_t, &new_t, &old_state, &new_state, &enter_state, &leave_state, 1,
                                           nullptr, nullptr, nullptr),
              "selection exchange");
-  upload(device_ + region, new_region.data(), m.compact_bytes);
+  upload(arena_.base() + region, new_region.data(), m.compact_bytes);
   // Leaving columns: their state goes to the host. Without a device master the weights are
   // the master: W[:, leaving] in fp32 (a pack of everything but the leaving columns).
   if (n_leave > 0) {

@@ -31,7 +31,7 @@ zf_engine_stats Engine::stats() const {
   const auto records = static_cast<int64_t>(ScalarReadback::host_bytes());
   s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
   s.stall_seconds_readback = stall_readback_;
-  s.device_bytes = static_cast<int64_t>(device_bytes_);
+  s.device_bytes = static_cast<int64_t>(arena_.bytes());
   s.pinned_host_bytes = static_cast<int64_t>(upload_bytes_) + slots + records;
   s.collective_bytes_statistics = collective_stats_bytes_;
   s.collective_bytes_gradients = collective_gradient_bytes_;

@@ -102,7 +102,7 @@ void Engine::start_split_reductions() {
   ensure_device_memory();
   split_select_ = next_step_selects();
   buckets_reduced_ = 0;
-  backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
+  backend_->fill_device_zero(arena_.base() + flags_offset_, (flag_count() + agreement_slots()) * 4);
   bucket_pending_.assign(buckets_.size(), 0);
   for (const Bucket& b : buckets_) bucket_pending_[static_cast<size_t>(&b - buckets_.data())] = b.last - b.first;
   bucket_early_.assign(buckets_.size(), 0);
@@ -163,8 +163,9 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
   if (!early_ || count == 0) return;
   // The range's statistics now; its flag goes to the slot of its first parameter.
   backend_->column_stats(range_stats_plan(first, count), grads, &col_sq_tensors_[first],
-                         reinterpret_cast<float*>(device_ + total_sink_offset_), device_int(flags_offset_) + first,
-                         device_ + stats_workspace_offset_, stats_workspace_bytes_);
+                         reinterpret_cast<float*>(arena_.base() + total_sink_offset_),
+                         device_int(flags_offset_) + first, arena_.base() + stats_workspace_offset_,
+                         stats_workspace_bytes_);
   for (size_t j = 0; j < count; ++j) {
     const Param& p = params_[first + j];
     if (!p.matrix) continue;
@@ -217,8 +218,8 @@ void Engine::end_split_step_refused(const std::exception_ptr& local) {
     ensure_device_memory();
     reduce_remaining_buckets(true);
     reduce_dense(nullptr);
-    backend_->fill_device_zero(device_ + col_sq_offset_, matrix_col_floats_ * 4);
-    backend_->fill_device_zero(device_ + flags_offset_, (flag_count() + agreement_slots()) * 4);
+    backend_->fill_device_zero(arena_.base() + col_sq_offset_, matrix_col_floats_ * 4);
+    backend_->fill_device_zero(arena_.base() + flags_offset_, (flag_count() + agreement_slots()) * 4);
     share_statistics(true, local);  // rethrows `local`, or a failed collective's error
   } catch (...) {
     drop_split_step();
@@ -343,7 +344,7 @@ void Engine::bucket_statistics(const Bucket& b, const zf_tensor* grads) {
     const size_t param = matrices_[i].param;
     backend_->column_stats(range_stats_plan(param, 1), grads + param, &col_sq_tensors_[param],
                            device_float(total_sink_offset_), device_int(flags_offset_) + param,
-                           device_ + stats_workspace_offset_, stats_workspace_bytes_);
+                           arena_.base() + stats_workspace_offset_, stats_workspace_bytes_);
   }
 }
 
@@ -358,7 +359,7 @@ void Engine::dense_statistics(const zf_tensor* grads) {
     while (stop < params_.size() && !params_[stop].matrix) ++stop;
     backend_->column_stats(range_stats_plan(i, stop - i), grads + i, &col_sq_tensors_[i],
                            device_float(total_sink_offset_), device_int(flags_offset_) + i,
-                           device_ + stats_workspace_offset_, stats_workspace_bytes_);
+                           arena_.base() + stats_workspace_offset_, stats_workspace_bytes_);
     i = stop;
   }
 }
@@ -444,7 +445,8 @@ void Engine::release_bucket(Bucket& b) {
     if (static_cast<int64_t>(matrices_[i].selected.size()) != matrices_[i].k) return;
   if (b.selected_elements > 0) {
     bind_gradients(b, submitted_.data());
-    backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), device_ + b.compact_grad_offset);
+    backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(),
+                   arena_.base() + b.compact_grad_offset);
   }
   bucket_released_[index] = 1;
   // One engine read the gradients on the compute lane (the caller's stream): reported at
@@ -533,16 +535,17 @@ bool Engine::read_scalars_now() const {
 }
 
 StepScalars Engine::readback_scalars(double* stall) {
-  return scalar_readback_.read_now(*backend_, reinterpret_cast<const StepScalars*>(device_ + scalars_offset_), stall);
+  return scalar_readback_.read_now(*backend_, reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_),
+                                   stall);
 }
 
 void Engine::record_scalars_for_later() {
   // CUDA without loss scaling: the step goes on without its scalars; a later call looks at
   // them (scalar_readback.hpp).
   scalar_readback_.record(
-      *backend_, reinterpret_cast<const StepScalars*>(device_ + scalars_offset_), device_ + scalar_ring_offset_,
-      schedule_.step() + 1, [this](const StepScalars& s, int64_t step) { on_recorded_scalars(s, step); },
-      &stall_readback_);
+      *backend_, reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_),
+      arena_.base() + scalar_ring_offset_, schedule_.step() + 1,
+      [this](const StepScalars& s, int64_t step) { on_recorded_scalars(s, step); }, &stall_readback_);
 }
 
 void Engine::check_recorded_scalars(bool wait) {
@@ -621,16 +624,16 @@ void Engine::step_statistics(const zf_tensor* grads, bool stats_done) {
     reduce_gradients(grads, next_step_selects());
   }
   if (!stats_done) {
-    backend_->fill_device_zero(device_ + flags_offset_, flag_count() * 4);
+    backend_->fill_device_zero(arena_.base() + flags_offset_, flag_count() * 4);
     backend_->column_stats(*stats_plan_, grads, col_sq_tensors_.data(), device_float(total_sink_offset_),
-                           device_int(flags_offset_), device_ + stats_workspace_offset_, stats_workspace_bytes_);
+                           device_int(flags_offset_), arena_.base() + stats_workspace_offset_, stats_workspace_bytes_);
   }
   if (parallel()) share_statistics(end_of_split_step, nullptr);
   // One engine of a group over several devices: its partial, which the group exchanges.
   if (part_.count > 1)
     backend_->scalar_partial(partial(part_.index), device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
                              device_int(flags_offset_), static_cast<int64_t>(flag_count()),
-                             reinterpret_cast<double*>(device_ + chunk_sums_offset_));
+                             reinterpret_cast<double*>(arena_.base() + chunk_sums_offset_));
 }
 
 void Engine::fail_nonfinite_gradient(size_t name) {
@@ -641,14 +644,14 @@ void Engine::fail_nonfinite_gradient(size_t name) {
 bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due, int64_t* counted) {
   // 2. the total, the gradient scale and the skip flag, on the device. The gradient is the
   // ranks' sum: the divisor is the loss scale times the world size.
-  StepScalars* scalars = reinterpret_cast<StepScalars*>(device_ + scalars_offset_);
+  StepScalars* scalars = reinterpret_cast<StepScalars*>(arena_.base() + scalars_offset_);
   if (part_.count > 1) {
     backend_->combine_scalars(scalars, partial(0), static_cast<int64_t>(part_.count), gradient_divisor(),
                               config_.max_grad_norm);
   } else {
     backend_->step_scalars(scalars, device_float(col_sq_offset_), static_cast<int64_t>(col_sq_floats_),
                            device_int(flags_offset_), static_cast<int64_t>(flag_count()),
-                           reinterpret_cast<double*>(device_ + chunk_sums_offset_), gradient_divisor(),
+                           reinterpret_cast<double*>(arena_.base() + chunk_sums_offset_), gradient_divisor(),
                            config_.max_grad_norm);
   }
   // what the host needs of them
@@ -713,7 +716,7 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     if (p.matrix) {
       Matrix& m = matrices_[p.index];
       if (gradient_released(device_plan_params_[e])) {  // the compact copy of its selected columns
-        ptr.grad = device_ + m.dev_compact_grad;
+        ptr.grad = arena_.base() + m.dev_compact_grad;
         ptr.grad_compact = true;
       }
       ptr.selected = device_int(m.dev_selected);
@@ -804,7 +807,7 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
   const StagingRing::Slot slot = pack_into_next_slot(b, grads);
   uint8_t* at = ring_.device_slot(slot.device);
-  const auto* scalars = reinterpret_cast<const StepScalars*>(device_ + scalars_offset_);
+  const auto* scalars = reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_);
   backend_->copy_device(at, &scalars->grad_scale, sizeof(SlotHeader));
   Event copied;
   if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
@@ -910,7 +913,7 @@ void Engine::finish_update(double* stall) {
   // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
   // upload buffer), then scatter into W[:, unselected] after the copy.
   // The host backend scatters straight from U (its "device" is the host).
-  uint8_t* device_upload = device_ + upload_buffer_offset_;
+  uint8_t* device_upload = arena_.base() + upload_buffer_offset_;
   for (Bucket& b : buckets_) {
     if (b.packed_bytes == 0) continue;
     const uint8_t* from = upload_.data() + b.upload_offset;
