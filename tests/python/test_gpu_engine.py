@@ -6,7 +6,8 @@ the same weights: after EVERY step, the CUDA parameters (copied back on the engi
 stream) equal the CPU engine's, and after a flush the whole state_dict does. Covered: bf16,
 fp32 and fp16 (dynamic loss scaling with an overflow step), top-k 0.1 with re-selections,
 clipping, overlap on and off, the auto interval and window scores (the statistics read back
-from the device), the split begin_step/submit/end_step form, a side stream, checkpoints
+from the device), the split begin_step/submit/end_step form, gradient release (release_gradients: the same
+weights, a lower peak of backward), a side stream, checkpoints
 across the backends, ZenFlowAdamW with and without overlap_backward, a non-finite gradient
 without loss scaling (found after its step, at the latest when the ring of scalar records is
 full, sticky until a load), placement on a second GPU, an injected CUDA error (a subprocess:
@@ -419,6 +420,57 @@ def test_zenflow_adamw_on_cuda_equals_cpu(dtype, options, overlap):
             other = on_cuda[1]["state"][index][key]
             assert other.device.type == "cpu" and torch.equal(value, other), (index, key)
     assert on_cpu[1]["zenflow"] == on_cuda[1]["zenflow"]
+
+
+@pytest.mark.parametrize(("dtype", "options"), OPTIONS)
+def test_released_gradients_on_cuda_equal_cpu(dtype, options):
+    """release_gradients (issue 29): the CUDA engine reads the compact copy of each released
+    bucket's selected columns; the weights equal the CPU engine's after every step."""
+    options = dict(
+        options, select_strategy="step", select_interval=4, release_gradients=True, bucket_bytes=1
+    )
+    on_cpu = _optimizer_run("cpu", dtype, True, 9, options)
+    on_cuda = _optimizer_run(DEV, dtype, True, 9, options)
+    for t, (a, b) in enumerate(zip(on_cpu[0], on_cuda[0])):
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert torch.equal(x, y), f"param {i} differs after step {t + 1}"
+    assert on_cpu[2]["held_gradient_bytes_peak"] == on_cuda[2]["held_gradient_bytes_peak"]
+
+
+def test_released_gradients_lower_the_peak_gpu_memory_of_backward():
+    """Eight bf16 [1024, 1024] layers (16 MiB of gradients): with release_gradients the
+    peak of a backward that is not a selection step holds about one layer's gradient instead
+    of all eight."""
+
+    def backward_peak(release):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            *(
+                torch.nn.Linear(1024, 1024, bias=False, device=DEV, dtype=torch.bfloat16)
+                for _ in range(8)
+            )
+        )
+        opt = zenflow.ZenFlowAdamW(
+            model.parameters(), lr=1e-3, release_gradients=release, bucket_bytes=1
+        )
+        opt.overlap_backward(model)
+        x = torch.randn(16, 1024, device=DEV, dtype=torch.bfloat16)
+        peak = 0
+        for _ in range(3):  # the first step selects (it holds every gradient)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            model(x).float().square().mean().backward()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            opt.step()
+            opt.zero_grad()
+        opt.close()
+        return peak
+
+    kept, released = backward_peak(False), backward_peak(True)
+    gradients = 8 * 1024 * 1024 * 2
+    assert released <= kept - gradients // 2, (kept, released)
 
 
 def test_zenflow_adamw_attaches_device_memory_from_torch():
