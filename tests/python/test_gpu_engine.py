@@ -404,37 +404,31 @@ OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["step", "overlap_backward"])
+@pytest.mark.parametrize(
+    ("overlap", "release"),
+    [(False, False), (True, False), (True, True)],
+    ids=["step", "overlap_backward", "release_gradients"],
+)
 @pytest.mark.parametrize(("dtype", "options"), OPTIONS)
-def test_zenflow_adamw_on_cuda_equals_cpu(dtype, options, overlap):
+def test_zenflow_adamw_on_cuda_equals_cpu(dtype, options, overlap, release):
+    """release_gradients (issue 29): the CUDA engine reads the compact copy of each released
+    bucket's selected columns, as the host engine does."""
     options = dict(options, select_strategy="step", select_interval=4)
+    if release:
+        options.update(release_gradients=True, bucket_bytes=1)
     on_cpu = _optimizer_run("cpu", dtype, overlap, 9, options)
     on_cuda = _optimizer_run(DEV, dtype, overlap, 9, options)
     for t, (a, b) in enumerate(zip(on_cpu[0], on_cuda[0])):
         for i, (x, y) in enumerate(zip(a, b)):
             assert torch.equal(x, y), f"param {i} differs after step {t + 1}"
-    assert on_cpu[2]["skipped_steps"] == on_cuda[2]["skipped_steps"]
+    for key in ("skipped_steps", "held_gradient_bytes_peak"):
+        assert on_cpu[2][key] == on_cuda[2][key], key
     assert on_cuda[2]["skipped_steps"] == (1 if dtype == torch.float16 else 0)
     for index, entry in on_cpu[1]["state"].items():
         for key, value in entry.items():
             other = on_cuda[1]["state"][index][key]
             assert other.device.type == "cpu" and torch.equal(value, other), (index, key)
     assert on_cpu[1]["zenflow"] == on_cuda[1]["zenflow"]
-
-
-@pytest.mark.parametrize(("dtype", "options"), OPTIONS)
-def test_released_gradients_on_cuda_equal_cpu(dtype, options):
-    """release_gradients (issue 29): the CUDA engine reads the compact copy of each released
-    bucket's selected columns; the weights equal the CPU engine's after every step."""
-    options = dict(
-        options, select_strategy="step", select_interval=4, release_gradients=True, bucket_bytes=1
-    )
-    on_cpu = _optimizer_run("cpu", dtype, True, 9, options)
-    on_cuda = _optimizer_run(DEV, dtype, True, 9, options)
-    for t, (a, b) in enumerate(zip(on_cpu[0], on_cuda[0])):
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert torch.equal(x, y), f"param {i} differs after step {t + 1}"
-    assert on_cpu[2]["held_gradient_bytes_peak"] == on_cuda[2]["held_gradient_bytes_peak"]
 
 
 def test_released_gradients_lower_the_peak_gpu_memory_of_backward():
