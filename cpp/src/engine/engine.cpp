@@ -354,23 +354,17 @@ void Engine::setup_buckets_and_memory() {
              backend_->host_visible());
   staging_offset_ = take(ring_.device_bytes());
   ring_.place(arena_.base_address(), staging_offset_);
-  // release_gradients: per bucket, its matrices' selected columns in the gradient's dtype.
-  compact_grad_bytes_ = 0;
-  if (releasing()) {
-    for (Bucket& b : buckets_) {
-      b.compact_grad_offset = compact_grad_bytes_;
-      size_t bytes = 0;
-      for (size_t i = b.first; i < b.last; ++i) {
-        matrices_[i].dev_compact_grad = bytes;  // relative to the bucket's region for now
-        bytes += static_cast<size_t>(matrices_[i].rows * matrices_[i].k) * zf_dtype_size(b.dtype);
-      }
-      compact_grad_bytes_ += align256(bytes);
-    }
-  }
-  compact_grad_offset_ = take(compact_grad_bytes_);
+  // release_gradients: per bucket, a region of its matrices' selected columns in the
+  // gradient's dtype, one matrix after the other.
   for (Bucket& b : buckets_) {
-    b.compact_grad_offset += compact_grad_offset_;
-    for (size_t i = b.first; releasing() && i < b.last; ++i) matrices_[i].dev_compact_grad += b.compact_grad_offset;
+    if (!releasing()) break;
+    size_t bytes = 0;
+    for (size_t i = b.first; i < b.last; ++i) {
+      matrices_[i].dev_compact_grad = bytes;  // relative to the bucket's region until it is taken
+      bytes += static_cast<size_t>(matrices_[i].rows * matrices_[i].k) * zf_dtype_size(b.dtype);
+    }
+    b.compact_grad_offset = take(bytes);
+    for (size_t i = b.first; i < b.last; ++i) matrices_[i].dev_compact_grad += b.compact_grad_offset;
   }
   upload_buffer_offset_ = take(backend_->host_visible() ? 0 : slot_bytes_);  // the host backend scatters from U
   parallel_memory();

@@ -512,7 +512,6 @@ class Engine {
   };
   std::vector<uint8_t> bucket_released_;
   std::vector<Release> releases_pending_;
-  size_t compact_grad_offset_ = 0, compact_grad_bytes_ = 0;
   int64_t held_gradient_bytes_ = 0, held_gradient_bytes_peak_ = 0;
 
   // An upper bound on every Adam step count of this engine (each column's, on either side,

@@ -236,19 +236,18 @@ void EngineGroup::end_step_with(const zf_tensor* grads, size_t count) {
   require(count == param_count_, ZF_ERROR_INVALID_VALUE, "grads: ", count, " gradients for ", param_count_,
           " parameters");
   require(count == 0 || grads != nullptr, ZF_ERROR_INVALID_VALUE, "grads: NULL");
-  const bool released = std::any_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->released_any(); });
-  if (ready_.arrived_after_submit() < param_count_ && released && !engines_[0]->data_parallel()) {
-    // Gradients of this step were released already: the step cannot be retaken from what
-    // autograd accumulated. Refused whole; nothing of it was applied.
-    const size_t index = ready_.arrived_after_submit();
-    abort_step();
-    fail(ZF_ERROR_INVALID_VALUE, "grads[", index,
-         "]: its gradient arrived again after it was submitted (a parameter used in two backward passes of one "
-         "step, as reentrant activation checkpointing does with a shared one); with release_gradients the "
-         "engine has released what it read, so the step cannot be retaken from the accumulated gradient: use "
-         "non-reentrant checkpointing, or release_gradients off. The step was not taken");
-  }
   if (ready_.arrived_after_submit() < param_count_ && !engines_[0]->data_parallel()) {
+    if (std::any_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->released_any(); })) {
+      // Gradients of this step were released already: the step cannot be retaken from what
+      // autograd accumulated. Refused whole; nothing of it was applied.
+      const size_t index = ready_.arrived_after_submit();
+      abort_step();
+      fail(ZF_ERROR_INVALID_VALUE, "grads[", index,
+           "]: its gradient arrived again after it was submitted (a parameter used in two backward passes of one "
+           "step, as reentrant activation checkpointing does with a shared one); with release_gradients the "
+           "engine has released what it read, so the step cannot be retaken from the accumulated gradient: use "
+           "non-reentrant checkpointing, or release_gradients off. The step was not taken");
+    }
     // A gradient grew after its run was submitted (a parameter used twice in backward:
     // shared weights, reentrant checkpointing). What was submitted is not the gradient
     // autograd accumulated: the step is taken again, whole, from the final gradients (a

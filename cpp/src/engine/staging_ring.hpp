@@ -49,7 +49,6 @@ class StagingRing {
   size_t pinned_capacity() const { return pinned_.size(); }
 
   size_t host_slots() const { return jobs_.size(); }
-  size_t device_slots() const { return host_visible_ ? jobs_.size() : copied_.size(); }
   uint8_t* device_slot(size_t slot) const { return *arena_ + offset_ + slot * stride_; }
   // Where the host lane reads host slot `slot` (its header, then the packed columns).
   uint8_t* host_slot(size_t slot) const {

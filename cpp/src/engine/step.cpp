@@ -163,9 +163,8 @@ void Engine::submit(size_t first, const zf_tensor* grads, size_t count) {
   if (!early_ || count == 0) return;
   // The range's statistics now; its flag goes to the slot of its first parameter.
   backend_->column_stats(range_stats_plan(first, count), grads, &col_sq_tensors_[first],
-                         reinterpret_cast<float*>(arena_.base() + total_sink_offset_),
-                         device_int(flags_offset_) + first, arena_.base() + stats_workspace_offset_,
-                         stats_workspace_bytes_);
+                         device_float(total_sink_offset_), device_int(flags_offset_) + first,
+                         arena_.base() + stats_workspace_offset_, stats_workspace_bytes_);
   for (size_t j = 0; j < count; ++j) {
     const Param& p = params_[first + j];
     if (!p.matrix) continue;

@@ -145,9 +145,8 @@ class PyEngine {
     check_params_in_place();
     const std::vector<double> rates = learning_rates(lrs);
     call([&] { return zf_engine_begin_step(engine, rates.empty() ? nullptr : rates.data(), rates.size()); });
-    // The submitted gradients must stay alive until end_step (engine.h), or their release.
-    submitted_ = py::list();
-    ready_ = py::dict();
+    // The gradients kept alive for the engine (engine.h) are this step's from here.
+    forget_step_gradients();
   }
 
   void submit(int64_t first, const py::object& grads) {
@@ -162,8 +161,7 @@ class PyEngine {
   void end_step() {
     zf_engine* engine = live();
     const zf_status status = release_gil([&] { return zf_engine_end_step(engine); });
-    submitted_ = py::list();
-    ready_ = py::dict();
+    forget_step_gradients();
     check(status);
     bump_params();
   }
@@ -210,8 +208,7 @@ class PyEngine {
     }
     const zf_status status =
         release_gil([&] { return zf_engine_end_step_with(engine, tensors.data(), tensors.size()); });
-    submitted_ = py::list();
-    ready_ = py::dict();
+    forget_step_gradients();
     check(status);
     bump_params();
   }
@@ -219,8 +216,7 @@ class PyEngine {
   void abort_step() {
     zf_engine* engine = live();
     call([&] { return zf_engine_abort_step(engine); });
-    submitted_ = py::list();
-    ready_ = py::dict();
+    forget_step_gradients();
   }
 
   void flush() {
@@ -346,8 +342,14 @@ class PyEngine {
   ConsumerStreams streams_;                     // the compute streams set_stream gave, per CUDA device
   py::list memory_;                             // the attached device memory, released after destroy
   std::unique_ptr<PyCollectives> collectives_;  // data parallel: the engine calls them until destroyed
+  // The gradients of the open split step, kept alive for the engine: submit's, and
+  // mark_ready's by parameter index (until released or the step ends).
   py::list submitted_;
-  py::dict ready_;  // mark_ready's gradients by parameter index, until released or the step ends
+  py::dict ready_;
+  void forget_step_gradients() {
+    submitted_ = py::list();
+    ready_ = py::dict();
+  }
   size_t group_count_ = 0;
   bool torch_params_ = false;
 };
