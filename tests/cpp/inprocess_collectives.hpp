@@ -13,6 +13,7 @@
 // every rank fails at once. abort() breaks it from outside (a rank's thread that gives up).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -37,6 +38,7 @@ class InProcessGroup {
   struct Counts {
     int64_t calls[kFunctions] = {0, 0, 0};
     int64_t bytes[kFunctions] = {0, 0, 0};
+    int64_t largest[kFunctions] = {0, 0, 0};  // the largest payload of one call
     int64_t total_bytes() const { return bytes[0] + bytes[1] + bytes[2]; }
     int64_t total_calls() const { return calls[0] + calls[1] + calls[2]; }
   };
@@ -204,6 +206,7 @@ class InProcessGroup {
       return fail(self, std::string(name(function)) + ": NULL buffer");
     self.counts.calls[function] += 1;
     self.counts.bytes[function] += static_cast<int64_t>(count * size);
+    self.counts.largest[function] = std::max(self.counts.largest[function], static_cast<int64_t>(count * size));
     slots_[static_cast<size_t>(self.rank)] = Slot{function, in, out, count, dtype};
     if (!wait_for_all(self)) return ZF_ERROR_INTERNAL;
     std::string mismatch;

@@ -68,6 +68,23 @@ Model parallel_model(Dtypes dtypes, uint64_t seed = 5) {
   return m;
 }
 
+// Eight [4, 24] matrices (the last four bf16 when mixed) and a vector: buckets of several
+// equal matrices, which data parallel reduces in several passes.
+Model many_matrices_model(Dtypes dtypes, uint64_t seed = 7) {
+  Model m;
+  m.groups = {zf_engine_group{1e-2, 0.1, 0}, zf_engine_group{3e-3, 0.0, 0}};
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int i = 0; i < 9; ++i) {
+    const bool bf16 = dtypes == Dtypes::kBF16 || (dtypes == Dtypes::kMixed && i >= 4);
+    HostTensor t(bf16 ? ZF_DTYPE_BF16 : ZF_DTYPE_F32, i == 8 ? std::vector<int64_t>{5} : std::vector<int64_t>{4, 24});
+    for (int64_t e = 0; e < t.numel(); ++e) t.set(e, uniform(rng));
+    m.params.push_back(std::move(t));
+    m.param_groups.push_back(i % 2);
+  }
+  return m;
+}
+
 // One step's gradients: rank[r][i] for rank r and parameter i, their sum and their mean
 // (computed in double, rounded to the dtype).
 struct StepGrads {
@@ -643,6 +660,10 @@ struct TrajectoryCase {
   bool overlap;
   bool clip;
   bool probe;  // save after every step: selections, in-place reduction, checkpoint sums
+  // > 0: many_matrices_model in buckets of this many bytes, several matrices each, reduced in
+  // several passes (reduction groups of at most bucket_bytes / world, or one matrix); 0:
+  // parallel_model in the default buckets.
+  size_t bucket_bytes = 0;
 };
 
 std::string case_name(const TrajectoryCase& c) {
@@ -650,6 +671,7 @@ std::string case_name(const TrajectoryCase& c) {
   s << "world" << c.world << "_" << dtypes_name(c.dtypes) << "_topk" << static_cast<int>(c.topk_ratio * 10 + 0.5)
     << "_interval" << c.update_interval << (c.overlap ? "_overlap" : "_serial") << (c.clip ? "_clip" : "")
     << (c.probe ? "_probe" : "");
+  if (c.bucket_bytes > 0) s << "_buckets" << c.bucket_bytes;
   return s.str();
 }
 
@@ -665,6 +687,7 @@ zf_engine_config parallel_config(const TrajectoryCase& c) {
   config.select_strategy = ZF_SELECT_STEP;
   config.select_interval = c.world == 2 ? 2 : 3;
   config.max_grad_norm = c.clip ? 3.0 : 0.0;  // gradient norms here are about 15: always clips
+  if (c.bucket_bytes > 0) config.bucket_bytes = c.bucket_bytes;
   return config;
 }
 
@@ -673,7 +696,7 @@ class EngineParallelTrajectory : public ::testing::TestWithParam<TrajectoryCase>
 TEST_P(EngineParallelTrajectory, EveryRankFollowsTheMeanGradientEngine) {
   const TrajectoryCase c = GetParam();
   const std::string label = case_name(c);
-  const Model model = parallel_model(c.dtypes);
+  const Model model = c.bucket_bytes > 0 ? many_matrices_model(c.dtypes) : parallel_model(c.dtypes);
   const zf_engine_config config = parallel_config(c);
   const int64_t steps = 10;
   const std::vector<StepGrads> stream = make_grad_stream(model, c.world, 1, steps);
@@ -693,6 +716,29 @@ TEST_P(EngineParallelTrajectory, EveryRankFollowsTheMeanGradientEngine) {
     EXPECT_GT(s.collective_bytes_statistics, 0) << label;
     EXPECT_GT(s.collective_bytes_gradients, 0) << label;
     EXPECT_EQ(s.collective_bytes_statistics, ranks[0].final_stats.collective_bytes_statistics) << label;
+  }
+  if (c.bucket_bytes > 0) {
+    // The reduction scratch (the reduce-scatter's input, the all-gather's output: world
+    // chunks) holds a reduction group: at most a rank's share of a bucket or one matrix,
+    // plus the padding of the chunks (at most a column of each matrix per rank).
+    size_t largest_matrix = 0, padding = 0;
+    for (size_t i = 0; i < model.params.size(); ++i) {
+      if (!model.matrix(i)) continue;
+      const HostTensor& p = model.params[i];
+      const size_t element = p.dtype == ZF_DTYPE_F32 ? 4 : 2;
+      largest_matrix = std::max(largest_matrix, static_cast<size_t>(p.numel()) * element);
+      padding += static_cast<size_t>(p.rows() * c.world) * element;
+    }
+    const size_t bound = std::max(c.bucket_bytes / static_cast<size_t>(c.world), largest_matrix) + padding;
+    for (int r = 0; r < c.world; ++r) {
+      const InProcessGroup::Counts& seen = group.counts(r);
+      for (int f : {1, 2}) {
+        EXPECT_GT(seen.largest[f], 0) << label;
+        EXPECT_LE(static_cast<size_t>(seen.largest[f]) * static_cast<size_t>(c.world), bound)
+            << label << ", rank " << r << ": a " << (f == 1 ? "reduce-scatter" : "all-gather") << " of "
+            << seen.largest[f] << " B per rank";
+      }
+    }
   }
   if (!c.probe) return;
 
@@ -736,6 +782,13 @@ std::vector<TrajectoryCase> trajectory_cases() {
           for (bool overlap : {true, false})
             for (bool clip : {false, true})
               out.push_back(TrajectoryCase{world, d, topk, interval, overlap, clip, false});
+  // Buckets of several matrices, each reduced in several passes.
+  for (int world : {2, 3})
+    for (Dtypes d : {Dtypes::kF32, Dtypes::kMixed})
+      for (int64_t interval : {3, 0})
+        out.push_back(TrajectoryCase{world, d, 0.3, interval, interval == 3, interval == 0, false, 1536});
+  // More selected columns than the scratch holds: they are all-reduced group by group too.
+  for (int world : {2, 3}) out.push_back(TrajectoryCase{world, Dtypes::kBF16, 0.7, 3, true, true, false, 1536});
   return out;
 }
 
@@ -762,8 +815,9 @@ struct SplitCase {
   int64_t update_interval;
   bool overlap;
   Form form;
-  int plain_rank;        // a rank whose backward handed nothing over: it steps plainly
-  bool release = false;  // config.release_gradients (the split run only)
+  int plain_rank;           // a rank whose backward handed nothing over: it steps plainly
+  bool release = false;     // config.release_gradients (the split run only)
+  size_t bucket_bytes = 0;  // > 0: many_matrices_model in buckets of this size (several passes)
 };
 
 std::string split_case_name(const SplitCase& c) {
@@ -772,6 +826,7 @@ std::string split_case_name(const SplitCase& c) {
     << (c.overlap ? "_overlap" : "_serial") << (c.form == Form::kSplit ? "_submit" : "_ready");
   if (c.plain_rank >= 0) s << "_plain" << c.plain_rank;
   if (c.release) s << "_release";
+  if (c.bucket_bytes > 0) s << "_buckets" << c.bucket_bytes;
   return s.str();
 }
 
@@ -792,10 +847,10 @@ class EngineParallelSplit : public ::testing::TestWithParam<SplitCase> {};
 TEST_P(EngineParallelSplit, ReducesBucketsInBackwardBitForBitAsPlainSteps) {
   const SplitCase c = GetParam();
   const std::string label = split_case_name(c);
-  const Model model = parallel_model(c.dtypes);
+  const Model model = c.bucket_bytes > 0 ? many_matrices_model(c.dtypes) : parallel_model(c.dtypes);
   zf_engine_config config =
       parallel_config(TrajectoryCase{c.world, c.dtypes, 0.3, c.update_interval, c.overlap, true, false});
-  config.bucket_bytes = 64;
+  config.bucket_bytes = c.bucket_bytes > 0 ? c.bucket_bytes : 64;
   config.staging_slots = 2;
   const int64_t steps = 10;
   const std::vector<StepGrads> stream = make_grad_stream(model, c.world, 1, steps);
@@ -929,20 +984,24 @@ TEST(EngineParallelSplit, AGradientMarkedAgainIsReadIfItsBucketWasNotReducedYet)
 // gradients (poisoned once reported).
 TEST(EngineParallelSplit, OnAsynchronousDevicesMatchesPlainStepsBitForBit) {
   for (int world : {2, 3}) {
-    for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+    for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u}) {
       const std::string label = "world " + std::to_string(world) + ", seed " + std::to_string(seed);
-      const Model model = parallel_model(Dtypes::kMixed);
+      // Seeds 7 and 8: buckets of several matrices, each reduced in several passes through
+      // the one scratch (its reuse ordered on the lanes).
+      const bool passes = seed >= 7;
+      const Model model = passes ? many_matrices_model(Dtypes::kMixed) : parallel_model(Dtypes::kMixed);
       zf_engine_config config =
           parallel_config(TrajectoryCase{world, Dtypes::kMixed, 0.3, seed == 3 ? 0 : 3, seed != 2, true, false});
-      config.bucket_bytes = 64;
+      config.bucket_bytes = passes ? 1536 : 64;
       config.staging_slots = 2;
       const std::vector<StepGrads> stream = make_grad_stream(model, world, 1, 10);
-      config.release_gradients = seed >= 5 ? 1 : 0;  // the plain run is the same with it
+      const bool release = seed == 5 || seed == 6 || seed == 8;
+      config.release_gradients = release ? 1 : 0;  // the plain run is the same with it
       RunOptions plain_options, simulated;
-      simulated.release = seed >= 5;
+      simulated.release = release;
       simulated.form = seed % 3 == 2 ? Form::kReady : Form::kSplit;
       simulated.simulated_seed = seed;
-      simulated.sync_every_step = seed <= 3;
+      simulated.sync_every_step = seed <= 3 || seed == 7;
       InProcessGroup plain_group(world), simulated_group(world);
       const std::vector<RankRun> want = run_parallel(model, config, plain_group, stream, plain_options);
       const std::vector<RankRun> got = run_parallel(model, config, simulated_group, stream, simulated);
@@ -978,6 +1037,9 @@ std::vector<SplitCase> split_cases() {
     out.push_back(SplitCase{world, Dtypes::kBF16, 0, true, Form::kReady, -1, true});
     out.push_back(SplitCase{world, Dtypes::kMixed, 1, false, Form::kSplit, -1, true});
     out.push_back(SplitCase{world, Dtypes::kMixed, 3, true, Form::kReady, world - 1, true});
+    // Buckets of several matrices, each reduced in several passes.
+    out.push_back(SplitCase{world, Dtypes::kF32, 3, true, Form::kSplit, -1, false, 1536});
+    out.push_back(SplitCase{world, Dtypes::kMixed, 0, false, Form::kReady, 0, true, 1536});
   }
   return out;
 }

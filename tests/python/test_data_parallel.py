@@ -51,6 +51,23 @@ FIXED = dict(
 AUTO = dict(FIXED, update_interval="auto", max_update_interval=3)
 
 
+# Where a child's model and batches live: the CPU (gloo), or in an NCCL group the rank's GPU
+# (set by _child). The parent's references always run on the CPU.
+_DEVICE = torch.device("cpu")
+
+# The process groups a multi-rank test runs over: gloo on CPU parameters everywhere, and the
+# same test with NCCL on one GPU per rank where there are two (benchmarks/device/check.sh runs
+# `pytest -m gpu`; NCCL refuses two ranks on one GPU).
+_NCCL_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.cuda.device_count() >= 2),
+        reason="NCCL data parallel needs two GPUs",
+    ),
+]
+BACKENDS = pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=_NCCL_MARKS)])
+
+
 def _model(weights: list | None = None) -> torch.nn.Module:
     """The model, with `weights` when given (a checkpoint holds the model's weights beside the
     optimizer's state: fp32 weights are their own master)."""
@@ -62,14 +79,14 @@ def _model(weights: list | None = None) -> torch.nn.Module:
         with torch.no_grad():
             for p, w in zip(model.parameters(), weights):
                 p.copy_(w)
-    return model
+    return model.to(_DEVICE)
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(BATCH, IN, generator=generator)
     y = torch.randn(BATCH, OUT, generator=generator)
-    return x, y
+    return x.to(_DEVICE), y.to(_DEVICE)
 
 
 # The continuations change weight_decay before this step: the optimizer rebuilds its engine,
@@ -104,14 +121,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world_size: int, port: int, body: str, out: str, args: tuple) -> None:
+def _child(
+    rank: int, world_size: int, port: int, body: str, out: str, args: tuple, backend: str
+) -> None:
+    global _DEVICE
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     code = 0
     try:
+        if backend == "nccl":
+            _DEVICE = torch.device("cuda", rank)
+            torch.cuda.set_device(_DEVICE)
         torch.distributed.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
         )
         result = globals()[body](rank, world_size, *args)
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
@@ -132,15 +155,16 @@ def _child(rank: int, world_size: int, port: int, body: str, out: str, args: tup
     os._exit(code)
 
 
-def _spawn(body: str, world_size: int, tmp_path, *args) -> list:
-    """Runs globals()[body](rank, world_size, *args) in world_size processes; returns each
-    rank's result. A child's exception fails the test with its traceback."""
-    out = tmp_path / f"{body}-{world_size}"
+def _spawn(body: str, world_size: int, tmp_path, *args, backend: str = "gloo") -> list:
+    """Runs globals()[body](rank, world_size, *args) in world_size processes over `backend`
+    (nccl: rank r on GPU r); returns each rank's result, on the CPU. A child's exception
+    fails the test with its traceback."""
+    out = tmp_path / f"{body}-{world_size}-{backend}"
     out.mkdir()
     context = mp.get_context("spawn")
     port = _free_port()
     processes = [
-        context.Process(target=_child, args=(r, world_size, port, body, str(out), args))
+        context.Process(target=_child, args=(r, world_size, port, body, str(out), args, backend))
         for r in range(world_size)
     ]
     for p in processes:
@@ -160,7 +184,10 @@ def _spawn(body: str, world_size: int, tmp_path, *args) -> list:
     assert not errors, "\n".join(errors)
     assert not hung, f"ranks {hung} did not finish within {JOIN_TIMEOUT_S} s"
     assert all(p.exitcode == 0 for p in processes), [p.exitcode for p in processes]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return [
+        torch.load(out / f"rank{r}.pt", weights_only=False, map_location="cpu")
+        for r in range(world_size)
+    ]
 
 
 # ---- the bodies the children run ----
@@ -375,7 +402,8 @@ def _failure_at_each_entry(rank: int, world_size: int):
         if entry == "load_state_dict":
             state = copy.deepcopy(saved)
             if rank == 1:
-                state["state"][0]["exp_avg"] = torch.zeros(3, 3)  # another model's shape
+                # another model's shape
+                state["state"][0]["exp_avg"] = torch.zeros(3, 3, device=_DEVICE)
             attempts.append(_timed(functools.partial(opt.load_state_dict, state)))
         elif entry == "rebuild":
             if rank == 1:  # a setting fixed at the engine's creation, changed on one rank only
@@ -774,8 +802,9 @@ def test_a_host_lane_failure_on_one_rank_fails_every_rank(tmp_path):
         assert result["again"] is not None and "refuses steps" in result["again"], result
 
 
-def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path):
-    results = _spawn("_missing_gradient", 2, tmp_path, 4)
+@BACKENDS
+def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path, backend):
+    results = _spawn("_missing_gradient", 2, tmp_path, 4, backend=backend)
     for rank, result in enumerate(results):
         for i, (a, b) in enumerate(zip(result["none"], result["zeros"])):
             assert torch.equal(a, b), f"rank {rank}, param {i}: None differs from explicit zeros"
@@ -787,10 +816,11 @@ def test_a_rank_without_a_gradient_steps_with_zeros_every_step(tmp_path):
         assert result["plan"]["cores"] == max(1, cores // 2)
 
 
-def test_a_checkpoint_changes_nothing_and_two_ranks_resume_bit_for_bit(tmp_path):
+@BACKENDS
+def test_a_checkpoint_changes_nothing_and_two_ranks_resume_bit_for_bit(tmp_path, backend):
     """FIXED has windows of 2 and re-selections every 4 steps: saves after steps 1, 2 and 3
     fall at every position of a window, with and without a pending host result."""
-    results = _spawn("_checkpoint_mid_window", 2, tmp_path, 6)
+    results = _spawn("_checkpoint_mid_window", 2, tmp_path, 6, backend=backend)
     for rank, result in enumerate(results):
         want = result["uninterrupted"]
         for what, got in [("state_dict() every step", result["saved"])] + [
@@ -803,8 +833,9 @@ def test_a_checkpoint_changes_nothing_and_two_ranks_resume_bit_for_bit(tmp_path)
                     )
 
 
-def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_path):
-    results = _spawn("_failure_at_each_entry", 2, tmp_path)
+@BACKENDS
+def test_a_failure_on_one_rank_at_any_entry_point_fails_every_rank_at_once(tmp_path, backend):
+    results = _spawn("_failure_at_each_entry", 2, tmp_path, backend=backend)
     for entry in results[0]:
         per_rank = [r[entry]["attempts"] for r in results]
         assert len(per_rank[0]) == len(per_rank[1]), f"{entry}: the ranks raised at different calls"
@@ -858,9 +889,14 @@ def test_a_gradient_arriving_twice_on_one_rank_steps_as_autograd_accumulated(tmp
         assert torch.equal(a, b), "the ranks differ"
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_in_backward_reductions_match_plain_steps_and_refuse_a_late_gradient(tmp_path, world_size):
-    results = _spawn("_in_backward_reductions", world_size, tmp_path, 5)
+@pytest.mark.parametrize(
+    ("world_size", "backend"),
+    [(2, "gloo"), (3, "gloo"), pytest.param(2, "nccl", marks=_NCCL_MARKS)],
+)
+def test_in_backward_reductions_match_plain_steps_and_refuse_a_late_gradient(
+    tmp_path, world_size, backend
+):
+    results = _spawn("_in_backward_reductions", world_size, tmp_path, 5, backend=backend)
     for rank, result in enumerate(results):
         for case in ("all", "idle"):
             plain, overlap = result[case]["plain"], result[case]["overlap"]

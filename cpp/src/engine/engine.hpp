@@ -260,6 +260,20 @@ class Engine {
     bool has_master;
     size_t dev_master = 0, dev_exp_avg = 0, dev_exp_avg_sq = 0, dev_steps = 0;
   };
+  // Data parallel: the matrices of a bucket that one pass of collectives reduces (and
+  // all-gathers), so that the reduction scratch is a rank's share of a bucket, not a whole
+  // one (reduction_groups: at most bucket_bytes / world of gradient, or one matrix).
+  // rank_pack[q]: rank q's deferred chunk of the group's matrices; selected_pack: their
+  // selected columns; whole_pack: every column. chunk_elements: the chunk every rank pads to
+  // (the same on all ranks).
+  struct ReductionGroup {
+    size_t first, last;  // matrices [first, last), inside the bucket's
+    std::vector<std::unique_ptr<PackPlan>> rank_pack;
+    std::unique_ptr<PackPlan> selected_pack, whole_pack;
+    size_t max_chunk_elements = 0;  // the largest chunk of any rank with nothing selected
+    size_t chunk_elements = 0, selected_elements = 0, deferred_elements = 0;  // current selection, all ranks
+    size_t own_elements = 0;  // this rank's deferred elements (the first of its chunk)
+  };
   struct Bucket {
     size_t first, last;  // matrices [first, last)
     zf_dtype dtype;
@@ -277,15 +291,15 @@ class Engine {
     std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
     std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
     std::vector<const int32_t*> selected_ptrs;                // device: what `pack` skips
-    // Data parallel: rank q's deferred chunk of the bucket (rank_pack[q]), the selected columns
-    // (selected_pack, skipping the deferred ones) and every column (whole_pack), with their
-    // device skip lists; chunk_elements: the chunk every rank pads to (the same on all ranks).
-    std::vector<std::unique_ptr<PackPlan>> rank_pack;
-    std::unique_ptr<PackPlan> selected_pack, whole_pack;
+    // The bucket's selected columns (selected_pack, skipping the deferred ones: data
+    // parallel's all-reduce of them, release_gradients' compact copy) and, data parallel,
+    // each matrix's device skip lists: rank q's (rank_skip_ptrs[q]), the deferred columns'
+    // (deferred_ptrs), none (no_skip_ptrs).
+    std::unique_ptr<PackPlan> selected_pack;
     std::vector<std::vector<const int32_t*>> rank_skip_ptrs;
     std::vector<const int32_t*> deferred_ptrs, no_skip_ptrs;
-    size_t max_chunk_elements = 0;  // the largest chunk of any rank with nothing selected
-    size_t chunk_elements = 0, selected_elements = 0, deferred_elements = 0;  // current selection, all ranks
+    size_t selected_elements = 0;        // current selection, all ranks
+    std::vector<ReductionGroup> groups;  // data parallel
   };
 
   // engine.cpp
@@ -387,6 +401,8 @@ class Engine {
   // After an exchange of one slot per rank (call * 4 + 0, 1 refused, 2 sticky): rethrows
   // `local`, else raises if ranks are in different calls or one failed. Returns as agree().
   bool judge_agreement(Agreement call, const std::vector<int32_t>& slots, const std::exception_ptr& local);
+  // Splits each bucket into reduction groups (data parallel; the same on every rank).
+  void plan_reduction_groups();
   void rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes);
   // The pack of a bucket's selected columns (skipping its deferred ones): data parallel's
   // all-reduce of them, and release_gradients' compact copy.
@@ -397,6 +413,9 @@ class Engine {
   void reduce_gradients(const zf_tensor* grads, bool whole);
   void reduce_dense(const zf_tensor* grads);
   void reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole);
+  // One group's pass (selected: its selected columns too, when the bucket's did not fit
+  // the scratch at once).
+  void reduce_group(Bucket& b, ReductionGroup& g, bool zeros, bool whole, bool selected);
   // The matrices' column sums, then the flags, all-reduced. At the end of a split step the
   // flags carry its agreement (one slot per rank after them), judged here: `local` (this
   // rank's refusal, or none) is rethrown, another rank's failure raised.

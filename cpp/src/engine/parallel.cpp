@@ -78,8 +78,9 @@ void Engine::parallel_memory() {
     m.dev_rank_skip += lists_offset_;
   }
   if (!parallel()) return;
-  // The reduction scratch holds a whole bucket as world chunks (the largest any rank gets with
-  // nothing selected, padded), or a run of dense gradients; the shard one chunk.
+  // The reduction scratch holds a reduction group as world chunks (the largest any rank gets
+  // with nothing selected, padded) or whole, or a run of dense gradients; the shard one chunk.
+  plan_reduction_groups();
   size_t dense_bytes = 0;
   for (const Dense& d : dense_) {
     const Param& p = params_[d.param];
@@ -87,18 +88,23 @@ void Engine::parallel_memory() {
   }
   reduce_bytes_ = std::min(dense_bytes, std::max<size_t>(config_.bucket_bytes, 1 << 20));
   for (Bucket& b : buckets_) {
-    b.max_chunk_elements = 0;
-    for (int q = 0; q < world_; ++q) {
-      size_t elements = 0;
-      for (size_t i = b.first; i < b.last; ++i) {
-        const Matrix& m = matrices_[i];
-        elements += static_cast<size_t>(m.rows * (chunk_lo(m.cols, q + 1, world_) - chunk_lo(m.cols, q, world_)));
-      }
-      b.max_chunk_elements = std::max(b.max_chunk_elements, elements);
-    }
     const size_t element = zf_dtype_size(b.dtype);
-    reduce_bytes_ = std::max(reduce_bytes_, b.max_chunk_elements * element * static_cast<size_t>(world_));
-    shard_bytes_ = std::max(shard_bytes_, b.max_chunk_elements * element);
+    for (ReductionGroup& g : b.groups) {
+      g.max_chunk_elements = 0;
+      size_t whole = 0;
+      for (int q = 0; q < world_; ++q) {
+        size_t elements = 0;
+        for (size_t i = g.first; i < g.last; ++i) {
+          const Matrix& m = matrices_[i];
+          elements += static_cast<size_t>(m.rows * (chunk_lo(m.cols, q + 1, world_) - chunk_lo(m.cols, q, world_)));
+        }
+        g.max_chunk_elements = std::max(g.max_chunk_elements, elements);
+        whole += elements;
+      }
+      reduce_bytes_ =
+          std::max(reduce_bytes_, std::max(whole, g.max_chunk_elements * static_cast<size_t>(world_)) * element);
+      shard_bytes_ = std::max(shard_bytes_, g.max_chunk_elements * element);
+    }
   }
   reduce_offset_ = take(reduce_bytes_);
   shard_offset_ = take(shard_bytes_);
@@ -134,28 +140,69 @@ void Engine::upload_selection(Matrix& m) {
   upload(arena_.base() + m.dev_deferred, lists.data(), lists.size() * 4);
 }
 
+void Engine::plan_reduction_groups() {
+  // A bucket is cut into the fewest groups of at most the rank's share of a bucket (in
+  // gradient bytes), made about even: a group closes when it reaches the even share or the
+  // next matrix would take it over the budget. A matrix larger than that is a group of its own.
+  const size_t budget = std::max<size_t>(1, config_.bucket_bytes / static_cast<size_t>(world_));
+  for (Bucket& b : buckets_) {
+    b.groups.clear();
+    const size_t element = zf_dtype_size(b.dtype);
+    auto bytes_of = [&](size_t i) { return static_cast<size_t>(matrices_[i].rows * matrices_[i].cols) * element; };
+    size_t total = 0;
+    for (size_t i = b.first; i < b.last; ++i) total += bytes_of(i);
+    const size_t count = std::max<size_t>(1, (total + budget - 1) / budget);
+    const size_t even = (total + count - 1) / count;
+    size_t bytes = 0;
+    for (size_t i = b.first; i < b.last; ++i) {
+      const size_t matrix_bytes = bytes_of(i);
+      if (b.groups.empty() || bytes >= even || bytes + matrix_bytes > budget) {
+        b.groups.emplace_back();
+        b.groups.back().first = i;
+        bytes = 0;
+      }
+      b.groups.back().last = i + 1;
+      bytes += matrix_bytes;
+    }
+  }
+}
+
 void Engine::rebuild_parallel_plans(Bucket& b, const std::vector<zf_dtype>& dtypes) {
   const size_t count = b.last - b.first;
-  b.rank_pack.clear();
   b.rank_skip_ptrs.assign(static_cast<size_t>(world_), {});
-  b.chunk_elements = 0;
-  for (int q = 0; q < world_; ++q) {
-    PackedLayout layout;
+  b.no_skip_ptrs.assign(count, nullptr);
+  for (int q = 0; q < world_; ++q)
     for (size_t i = b.first; i < b.last; ++i) {
       const Matrix& m = matrices_[i];
-      const int64_t skip = m.rank_skip_count[static_cast<size_t>(q)];
-      layout.add(m.rows, m.cols, skip);
-      b.rank_skip_ptrs[static_cast<size_t>(q)].push_back(
-          skip > 0 ? device_int(m.dev_rank_skip) + static_cast<size_t>(q) * static_cast<size_t>(m.cols) : nullptr);
+      b.rank_skip_ptrs[static_cast<size_t>(q)].push_back(m.rank_skip_count[static_cast<size_t>(q)] > 0
+                                                             ? device_int(m.dev_rank_skip) +
+                                                                   static_cast<size_t>(q) * static_cast<size_t>(m.cols)
+                                                             : nullptr);
     }
-    b.chunk_elements = std::max(b.chunk_elements, static_cast<size_t>(layout.total()));
-    b.rank_pack.push_back(std::make_unique<PackPlan>(std::move(layout), dtypes, b.dtype));
+  for (ReductionGroup& g : b.groups) {
+    const std::vector<zf_dtype> group_dtypes(dtypes.begin() + static_cast<ptrdiff_t>(g.first - b.first),
+                                             dtypes.begin() + static_cast<ptrdiff_t>(g.last - b.first));
+    g.rank_pack.clear();
+    g.chunk_elements = 0;
+    for (int q = 0; q < world_; ++q) {
+      PackedLayout layout;
+      for (size_t i = g.first; i < g.last; ++i)
+        layout.add(matrices_[i].rows, matrices_[i].cols, matrices_[i].rank_skip_count[static_cast<size_t>(q)]);
+      g.chunk_elements = std::max(g.chunk_elements, static_cast<size_t>(layout.total()));
+      if (q == rank_) g.own_elements = static_cast<size_t>(layout.total());
+      g.rank_pack.push_back(std::make_unique<PackPlan>(std::move(layout), group_dtypes, b.dtype));
+    }
+    PackedLayout whole_layout, selected_layout;
+    for (size_t i = g.first; i < g.last; ++i) {
+      const Matrix& m = matrices_[i];
+      whole_layout.add(m.rows, m.cols, 0);
+      selected_layout.add(m.rows, m.cols, m.cols - static_cast<int64_t>(m.selected.size()));
+    }
+    g.selected_elements = static_cast<size_t>(selected_layout.total());
+    g.deferred_elements = static_cast<size_t>(whole_layout.total()) - g.selected_elements;
+    g.whole_pack = std::make_unique<PackPlan>(std::move(whole_layout), group_dtypes, b.dtype);
+    g.selected_pack = std::make_unique<PackPlan>(std::move(selected_layout), group_dtypes, b.dtype);
   }
-  PackedLayout whole_layout;
-  b.no_skip_ptrs.assign(count, nullptr);
-  for (size_t i = b.first; i < b.last; ++i) whole_layout.add(matrices_[i].rows, matrices_[i].cols, 0);
-  b.deferred_elements = static_cast<size_t>(whole_layout.total()) - b.selected_elements;
-  b.whole_pack = std::make_unique<PackPlan>(std::move(whole_layout), dtypes, b.dtype);
 }
 
 void Engine::rebuild_selected_pack(Bucket& b, const std::vector<zf_dtype>& dtypes) {
@@ -357,43 +404,65 @@ void Engine::reduce_dense(const zf_tensor* grads) {
 }
 
 void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
-  uint8_t* scratch = arena_.base() + reduce_offset_;
-  const size_t element = zf_dtype_size(b.dtype);
   const bool zeros = grads == nullptr;
   if (!zeros) bind_gradients(b, grads);
+  // The bucket's selected columns in one all-reduce when they fit the scratch (fewer calls;
+  // they are about topk_ratio of the bucket), else group by group.
+  const size_t element = zf_dtype_size(b.dtype);
+  const bool selected_at_once = !whole && b.selected_elements * element <= reduce_bytes_;
+  if (selected_at_once && b.selected_elements > 0) {
+    uint8_t* scratch = arena_.base() + reduce_offset_;
+    if (zeros)
+      backend_->fill_device_zero(scratch, b.selected_elements * element);
+    else
+      backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+    all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
+    if (!zeros) backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+  }
+  for (ReductionGroup& g : b.groups) reduce_group(b, g, zeros, whole, !selected_at_once);
+}
+
+void Engine::reduce_group(Bucket& b, ReductionGroup& g, bool zeros, bool whole, bool selected) {
+  // The group's slices of the bucket's tensors and skip lists.
+  const size_t at = g.first - b.first;
+  zf_tensor* tensors = b.matrix_tensors.data() + at;
+  uint8_t* scratch = arena_.base() + reduce_offset_;
+  const size_t element = zf_dtype_size(b.dtype);
   auto gather = [&](const PackPlan& plan, const int32_t* const* skip, void* into, size_t elements) {
     if (zeros)
       backend_->fill_device_zero(into, elements * element);
     else
-      backend_->pack(plan, b.matrix_tensors.data(), skip, into);
+      backend_->pack(plan, tensors, skip, into);
   };
   if (whole) {
-    const size_t elements = b.selected_elements + b.deferred_elements;
-    gather(*b.whole_pack, b.no_skip_ptrs.data(), scratch, elements);
+    const size_t elements = g.selected_elements + g.deferred_elements;
+    gather(*g.whole_pack, b.no_skip_ptrs.data() + at, scratch, elements);
     all_reduce(scratch, elements, b.dtype, &collective_gradient_bytes_);
-    if (!zeros) backend_->scatter(*b.whole_pack, b.matrix_tensors.data(), b.no_skip_ptrs.data(), scratch);
+    if (!zeros) backend_->scatter(*g.whole_pack, tensors, b.no_skip_ptrs.data() + at, scratch);
     return;
   }
-  if (b.selected_elements > 0) {
-    gather(*b.selected_pack, b.deferred_ptrs.data(), scratch, b.selected_elements);
-    all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
-    if (!zeros) backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
+  if (selected && g.selected_elements > 0) {
+    gather(*g.selected_pack, b.deferred_ptrs.data() + at, scratch, g.selected_elements);
+    all_reduce(scratch, g.selected_elements, b.dtype, &collective_gradient_bytes_);
+    if (!zeros) backend_->scatter(*g.selected_pack, tensors, b.deferred_ptrs.data() + at, scratch);
   }
-  if (b.deferred_elements > 0) {
+  if (g.deferred_elements > 0) {
     // Rank q's chunk at q * chunk_elements, each padded to the largest (zeros when this
     // rank adds none); the pad is never scattered.
-    if (zeros) backend_->fill_device_zero(scratch, static_cast<size_t>(world_) * b.chunk_elements * element);
+    if (zeros) backend_->fill_device_zero(scratch, static_cast<size_t>(world_) * g.chunk_elements * element);
     for (int q = 0; !zeros && q < world_; ++q)
-      backend_->pack(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
-                     b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
-                     scratch + static_cast<size_t>(q) * b.chunk_elements * element);
+      backend_->pack(*g.rank_pack[static_cast<size_t>(q)], tensors,
+                     b.rank_skip_ptrs[static_cast<size_t>(q)].data() + at,
+                     scratch + static_cast<size_t>(q) * g.chunk_elements * element);
     uint8_t* shard = arena_.base() + shard_offset_;
     const zf_status status =
-        comm_.reduce_scatter_sum(comm_.user, scratch, shard, b.chunk_elements, b.dtype, backend_->compute_stream());
+        comm_.reduce_scatter_sum(comm_.user, scratch, shard, g.chunk_elements, b.dtype, backend_->compute_stream());
     if (status != ZF_SUCCESS) collective_failed("reduce_scatter_sum", status);
     add_saturating(collective_gradient_bytes_,
-                   static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
-    if (!zeros) backend_->scatter(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), shard);
+                   static_cast<int64_t>(g.chunk_elements * element * static_cast<size_t>(world_)));
+    if (!zeros)
+      backend_->scatter(*g.rank_pack[static_cast<size_t>(rank_)], tensors,
+                        b.rank_skip_ptrs[static_cast<size_t>(rank_)].data() + at, shard);
   }
 }
 
@@ -433,27 +502,34 @@ void Engine::share_statistics(bool end_of_split_step, std::exception_ptr local) 
 }
 
 void Engine::gather_upload(Bucket& b) {
-  // This rank's chunk goes up into the shard buffer (after the compute lane's last use of it),
-  // is all-gathered into the scratch, and every rank's chunk is scattered into the weights.
+  // Per reduction group: this rank's chunk goes up into the shard buffer (after the compute
+  // lane's last use of it), is all-gathered into the scratch, and every rank's chunk is
+  // scattered into the weights. The group's chunk is contiguous in U (its matrices follow
+  // one another in the bucket's layout).
   const size_t element = zf_dtype_size(b.dtype);
   uint8_t* shard = arena_.base() + shard_offset_;
   uint8_t* scratch = arena_.base() + reduce_offset_;
-  if (b.packed_bytes > 0) {
-    backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
-    backend_->copy_up(shard, upload_.data() + b.upload_offset, b.packed_bytes);
-    backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
-    add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
-  }
-  const zf_status status =
-      comm_.all_gather(comm_.user, shard, scratch, b.chunk_elements, b.dtype, backend_->compute_stream());
-  if (status != ZF_SUCCESS) collective_failed("all_gather", status);
-  add_saturating(collective_upload_bytes_,
-                 static_cast<int64_t>(b.chunk_elements * element * static_cast<size_t>(world_)));
   bind_weights(b);
-  for (int q = 0; q < world_; ++q)
-    backend_->scatter(*b.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data(),
-                      b.rank_skip_ptrs[static_cast<size_t>(q)].data(),
-                      scratch + static_cast<size_t>(q) * b.chunk_elements * element);
+  for (ReductionGroup& g : b.groups) {
+    if (g.deferred_elements == 0) continue;  // on every rank: nothing to gather
+    const size_t at = g.first - b.first;
+    const size_t own_bytes = g.own_elements * element;
+    if (own_bytes > 0) {
+      backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
+      backend_->copy_up(shard, upload_.data() + matrices_[g.first].upload_offset, own_bytes);
+      backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
+      add_saturating(bytes_up_, static_cast<int64_t>(own_bytes));
+    }
+    const zf_status status =
+        comm_.all_gather(comm_.user, shard, scratch, g.chunk_elements, b.dtype, backend_->compute_stream());
+    if (status != ZF_SUCCESS) collective_failed("all_gather", status);
+    add_saturating(collective_upload_bytes_,
+                   static_cast<int64_t>(g.chunk_elements * element * static_cast<size_t>(world_)));
+    for (int q = 0; q < world_; ++q)
+      backend_->scatter(*g.rank_pack[static_cast<size_t>(q)], b.matrix_tensors.data() + at,
+                        b.rank_skip_ptrs[static_cast<size_t>(q)].data() + at,
+                        scratch + static_cast<size_t>(q) * g.chunk_elements * element);
+  }
   last_scatter_ = backend_->record(Lane::kCompute);
 }
 

@@ -903,9 +903,7 @@ void Engine::finish_update(double* stall) {
     wait_job(job, stall);
   }
   if (parallel()) {
-    for (Bucket& b : buckets_) {
-      if (b.deferred_elements > 0) gather_upload(b);
-    }
+    for (Bucket& b : buckets_) gather_upload(b);
     uploads_done_ = backend_->record(Lane::kUp);
     return;
   }
