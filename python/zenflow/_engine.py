@@ -53,16 +53,14 @@ class _Layout:
         return self.devices[0]
 
 
-def _on_stream(engine: Any, layout: _Layout) -> Any:
-    """The engine, told the current CUDA stream of each of its devices when the parameters
-    live there: its kernels then run after the work that produced the gradients (the
-    backward, on the caller's stream), and the caller's later work runs after them. The
-    stream holds for every later engine call until the next set_stream; the CPU engine has
-    none."""
-    if layout.device.type == "cuda":
-        for index, device in enumerate(layout.devices):
-            engine.set_stream(torch.cuda.current_stream(device).cuda_stream, index)
-    return engine
+def _streams(layout: _Layout) -> list[int] | None:
+    """The caller's current CUDA stream on each of the parameters' devices (devices() order),
+    passed with every engine call that runs work: its kernels then run after the work that
+    produced the gradients (the backward, on the caller's stream), and the caller's later
+    work runs after them. None for CPU parameters (the host backend has no stream)."""
+    if layout.device.type != "cuda":
+        return None
+    return [torch.cuda.current_stream(device).cuda_stream for device in layout.devices]
 
 
 def _snapshot(param_groups: list[dict]) -> list[tuple]:
@@ -144,7 +142,7 @@ class _EngineMixin:
             raise
         try:
             if state is not None:
-                _on_stream(engine, layout).load_state_dict(state)
+                engine.load_state_dict(state, stream=_streams(layout))
         except BaseException:
             engine.close()
             raise
@@ -168,10 +166,9 @@ class _EngineMixin:
             self._refuse_on_every_rank("step")  # refused before this step's agreement
             raise
 
-    def _engine_on_stream(self) -> Any:
-        """The engine, on the caller's current stream (_on_stream): before every call that
-        runs work."""
-        return _on_stream(self._engine, self._layout)
+    def _stream(self) -> list[int] | None:
+        """The `stream` of an engine call that runs work: the caller's current one (_streams)."""
+        return _streams(self._layout)
 
     def _carry_over(self, layout: _Layout) -> dict:
         old_layout = self._layout
@@ -194,7 +191,7 @@ class _EngineMixin:
     def _engine_state(self) -> dict:
         """The engine's whole state (nothing flushed): in data parallel, the ranks' partial saves
         summed over the group."""
-        saved = self._engine_on_stream().state_dict()
+        saved = self._engine.state_dict(stream=self._stream())
         if self._parallel is not None:
             self._parallel.sum_state(saved)
         return saved

@@ -139,11 +139,11 @@ class _OverlapMixin:
                 if self._engine_is_stale(self._layout):
                     self._split = "stale"
                 else:
-                    self._engine_on_stream().begin_step(self._learning_rates())
+                    self._engine.begin_step(self._learning_rates(), stream=self._stream())
                     self._split = "open"
             if self._split == "open":
-                engine = self._engine_on_stream()
-                engine.mark_ready(i, self._gradient(param))
+                engine = self._engine
+                engine.mark_ready(i, self._gradient(param), stream=self._stream())
                 if self._settings["release_gradients"]:
                     # The engine holds nothing of these any more: free them during backward.
                     for j in engine.take_released():

@@ -169,7 +169,7 @@ class _StateDictMixin:
         (every rank calls it: the ranks agree on the save).
         load_sharded_state_dict takes the list of every rank's shard; in a single process the
         one shard holds everything."""
-        saved = self._engine_on_stream().state_dict()
+        saved = self._engine.state_dict(stream=self._stream())
         parallel = self._parallel
         rank, world_size = (parallel.rank, parallel.world_size) if parallel else (0, 1)
         numbering = self._torch_indices()
@@ -239,7 +239,7 @@ class _StateDictMixin:
         try:
             split, self._split = self._split, None
             if split == "open":
-                self._engine_on_stream().abort_step()
+                self._engine.abort_step(stream=self._stream())
             self._rebuild_engine(engine_state)
         except BaseException:
             for group, previous in zip(self.param_groups, previous_groups):

@@ -389,7 +389,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
                 # the step's agreement, and must fail too instead of waiting for this one.
                 self._refuse_on_every_rank("step")
             if split == "open" and self._engine is not None:
-                self._engine_on_stream().abort_step()
+                self._engine.abort_step(stream=self._stream())
             raise
         finally:
             self._loss_scaled = False
@@ -401,7 +401,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         if self._engine is not None:
             # The engine refuses a capturing stream (a CUDA graph) with the reason: let it say
             # so before anything below synchronises (GradScaler's found_inf.item()).
-            self._engine_on_stream()
+            self._engine.set_streams(self._stream())
         using_scaler, grad_scale, found_inf = self._amp_scaler()
         if using_scaler:
             if self._loss_scaling == "dynamic":
@@ -440,7 +440,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
                     "released (release_gradients); the step was not taken"
                 )
             if split == "open":
-                self._engine_on_stream().abort_step()
+                self._engine.abort_step(stream=self._stream())
             split = None
             self._rebuild_engine()
             layout = self._layout
@@ -458,7 +458,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         if split == "open":
             # The engine submits what the hooks did not, and retakes the step whole if a
             # gradient grew after its submit (a parameter used twice in backward).
-            self._engine_on_stream().end_step_with(grads)
+            self._engine.end_step_with(grads, stream=self._stream())
             return
         if grads and missing == len(grads) and self._parallel is None:
             # No gradient at all: nothing to do, as torch's optimizers. In data parallel the
@@ -467,7 +467,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         if grad_scale is not None:
             inverse = grad_scale.double().reciprocal().float()
             torch._foreach_mul_([p.grad for p in layout.params if p.grad is not None], inverse)
-        self._engine_on_stream().step(grads, self._learning_rates())
+        self._engine.step(grads, self._learning_rates(), stream=self._stream())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's zero_grad. A step that overlap_backward opened and step() did not finish
@@ -475,7 +475,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         split, self._split = self._split, None
         self._released = set()
         if split == "open":
-            self._engine_on_stream().abort_step()
+            self._engine.abort_step(stream=self._stream())
         super().zero_grad(set_to_none=set_to_none)
 
     # ---- loss scaling ----
@@ -498,7 +498,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
     def flush(self) -> None:
         """Applies every pending host update: afterwards the parameters hold the exact
         current weights and the host threads are idle."""
-        self._engine_on_stream().flush()
+        self._engine.flush(stream=self._stream())
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (steps, windows, stalls, bytes moved, ...) and the loss

@@ -335,6 +335,47 @@ TEST(EngineStaleness, UpdateLagOneLandsOneStepIntoTheNextWindow) { check_stalene
 TEST(EngineStaleness, UpdateLagAsLongAsTheWindowLandsAtItsClose) { check_staleness(true, 2); }
 TEST(EngineStaleness, OverlapOffAppliesEachWindowAtItsClose) { check_staleness(false); }
 
+// ---- the C++ layer (zenflow.hpp): the stream with the call, the split step's calls ----
+
+// on(stream) sets the stream of the call it precedes; the host backend has only the null
+// stream, so another one (or a list of the wrong length) is refused and the engine goes on.
+// The split step through mark_ready, take_released and end_step_with is bit for bit the
+// plain step.
+TEST(Engine, CppLayerPassesTheStreamWithTheCallAndSplitsSteps) {
+  Model plain_model = standard_model(), split_model = standard_model();
+  zf_engine_config c = test_config();
+  c.release_gradients = 1;
+  zenflow::Engine plain(plain_model.tensors(), plain_model.param_groups, plain_model.groups, c);
+  zenflow::Engine split(split_model.tensors(), split_model.param_groups, split_model.groups, c);
+  const zf_stream other = reinterpret_cast<zf_stream>(static_cast<uintptr_t>(0x10));
+  size_t released = 0;
+  for (int64_t t = 0; t < 6; ++t) {
+    std::vector<HostTensor> grads = make_grads(plain_model, t);
+    std::vector<zf_tensor> tensors = tensors_of(grads);
+    plain.on(nullptr).step(tensors);
+    try {
+      split.on(other);
+      FAIL() << "a stream on the host backend was accepted";
+    } catch (const zenflow::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("stream"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(split.on(std::vector<zf_stream>{nullptr, nullptr}), zenflow::Error);
+    split.on(std::vector<zf_stream>{nullptr}).begin_step();
+    for (size_t i = tensors.size(); i-- > 0;) {
+      split.mark_ready(i, tensors[i]);
+      for (size_t j : split.take_released(tensors.size())) {
+        tensors[j].data = nullptr;  // not read again
+        ++released;
+      }
+    }
+    split.on(nullptr).end_step_with(tensors);
+    for (size_t i = 0; i < plain_model.params.size(); ++i)
+      ASSERT_TRUE(plain_model.params[i].bitwise_equal(split_model.params[i])) << "param " << i << ", step " << t;
+  }
+  EXPECT_GT(released, 0u);
+  EXPECT_THROW(split.refuse(static_cast<zf_engine_call>(99)), zenflow::Error);
+}
+
 // ---- clipping and loss scaling ----
 
 TEST(Engine, GlobalNormIsReportedAndClipsEveryGradient) {

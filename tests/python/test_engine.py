@@ -823,3 +823,39 @@ def test_host_lane_bytes_follow_the_formula(interval, dtype):
     assert stats["host_lane_bytes_written"] == windows * written
     if dtype == torch.bfloat16 and interval == 4:  # 74 B before (A read at the first step, zeroed)
         assert (read + written - 8 * columns) / deferred == 66
+
+
+# ---- the stream passed with each call ----
+
+
+def test_each_call_takes_its_stream_and_a_bad_one_changes_nothing():
+    """The calls that run work take `stream` (None, an integer for every device, or one per
+    device). On the host backend only 0 exists: another value, or a list of the wrong length,
+    is a ValueError naming the stream, raised before the call changes anything; with stream=0
+    the run is bit for bit the run that passes none."""
+    config = {"topk_ratio": 0.3, "update_interval": 2}
+    plain_params, streamed_params = make_params(), make_params()
+    plain = _C.Engine(plain_params, copy.deepcopy(GROUPS), dict(config))
+    streamed = _C.Engine(streamed_params, copy.deepcopy(GROUPS), dict(config))
+    for t in range(5):
+        grads = make_grads(t)
+        plain.step(grads, lrs_at(t))
+        before = [p.clone() for p in streamed_params]
+        for bad, message in [(5, "stream"), ([0, 0], "stream"), ("0", "stream")]:
+            with pytest.raises((ValueError, TypeError), match=message):
+                streamed.step(grads, lrs_at(t), stream=bad)
+            assert all(torch.equal(a, b) for a, b in zip(streamed_params, before))
+        streamed.step(grads, lrs_at(t), stream=[0] if t % 2 else 0)
+    plain.flush()
+    streamed.flush(stream=0)
+    for a, b in zip(plain_params, streamed_params):
+        assert torch.equal(a, b)
+    assert streamed.state_dict(stream=None).keys() == plain.state_dict().keys()
+    streamed.load_state_dict(plain.state_dict(), stream=0)
+    streamed.set_streams(None)
+    # The split form: begin_step, submit and end_step take it too.
+    streamed.begin_step(lrs_at(5), stream=0)
+    streamed.submit(0, make_grads(5), stream=0)
+    streamed.end_step(stream=0)
+    streamed.close()
+    plain.close()

@@ -882,8 +882,9 @@ def test_cpu_engine_takes_no_stream_and_reports_the_cuda_stats_fields():
 
 class _StreamRecorder:
     """Stands in for the engine of an optimizer whose parameters the test declares to be on
-    CUDA: records set_stream (which the CPU engine would refuse for a non-NULL stream) and
-    every call that runs work, and forwards the work to the real CPU engine."""
+    CUDA: records the `stream` of every call that runs work (and set_streams), which the CPU
+    engine would refuse for a non-NULL stream, and forwards the work without it to the real
+    CPU engine."""
 
     WORK = (
         "step",
@@ -900,27 +901,27 @@ class _StreamRecorder:
         self.engine = engine
         self.calls = []
 
-    def set_stream(self, handle, index=None):
-        self.calls.append(("set_stream", handle, index))
+    def set_streams(self, stream):
+        self.calls.append(("set_streams", stream))
 
     def __getattr__(self, name):
         attr = getattr(self.engine, name)
         if name not in self.WORK:
             return attr
 
-        def work(*args, **kwargs):
-            self.calls.append((name,))
+        def work(*args, stream=None, **kwargs):
+            self.calls.append((name, stream))
             return attr(*args, **kwargs)
 
         return work
 
 
 @pytest.mark.parametrize("device_count", [1, 2])
-def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeypatch, device_count):
+def test_cuda_parameters_pass_the_current_stream_with_every_engine_call(monkeypatch, device_count):
     """The wiring of the CUDA path, on the CPU: with the parameters declared on cuda:0 (and
     cuda:1), each engine call that runs work (step, the split form of overlap_backward,
-    abort_step, flush, state_dict) is preceded by set_stream(current_stream(device), index)
-    for every device, in the engine's device order."""
+    abort_step, flush, state_dict) passes stream= the current stream of every device, in the
+    engine's device order."""
     model = make_model("mlp")
     opt = zenflow.ZenFlowAdamW(model.parameters(), lr=1e-2, **CONFIG)
     recorder = _StreamRecorder(opt._engine)
@@ -946,15 +947,11 @@ def test_cuda_parameters_set_the_current_stream_before_every_engine_call(monkeyp
     handle.remove()
     opt.flush()
     opt.state_dict()
-    names = [call[0] for call in recorder.calls]
-    work = [i for i, name in enumerate(names) if name != "set_stream"]
-    assert {names[i] for i in work} == set(_StreamRecorder.WORK) - {"load_state_dict"}
-    expected = [("set_stream", 0xC0DE + d, d) for d in range(device_count)]
-    for i in work:
-        assert i >= device_count and recorder.calls[i - device_count : i] == expected, (
-            i,
-            recorder.calls,
-        )
+    names = {name for name, _ in recorder.calls}
+    assert names == set(_StreamRecorder.WORK) - {"load_state_dict"} | {"set_streams"}
+    expected = [0xC0DE + d for d in range(device_count)]
+    for name, stream in recorder.calls:
+        assert stream == expected, (name, stream, recorder.calls)
     assert asked and set(asked) == set(devices)
     opt._engine = recorder.engine
     opt.close()

@@ -427,6 +427,32 @@ class Engine {
   }
   void set_stream_at(size_t index, zf_stream stream) { check(zf_engine_set_stream_at(engine_, index, stream)); }
 
+  // The stream passed with each call: `engine.on(stream).step(grads)` sets the compute stream
+  // (of every device, or per device: on({s0, s1})) and returns the engine for the call. The
+  // stream stays set for later calls that pass none (zf_engine_set_stream's rule).
+  Engine& on(zf_stream stream) {
+    const size_t count = device_count();
+    for (size_t d = 0; d < count; ++d) set_stream_at(d, stream);
+    return *this;
+  }
+  Engine& on(const std::vector<zf_stream>& per_device) {
+    detail::require_same_length(device_count(), per_device.size(), "per_device streams");
+    for (size_t d = 0; d < per_device.size(); ++d) set_stream_at(d, per_device[d]);
+    return *this;
+  }
+
+  // Data parallel (zf_engine_set_collectives): the table must outlive the engine's use of it
+  // (until destroy, or the next set_collectives).
+  void set_collectives(const zf_engine_collectives& collectives) {
+    check(zf_engine_set_collectives(engine_, &collectives));
+  }
+  // Data parallel (zf_engine_refuse): this rank refuses `call` before making it.
+  void refuse(zf_engine_call call) { check(zf_engine_refuse(engine_, call)); }
+  // zf_engine_check_params: each parameter's data pointer now (a swapped storage is an error).
+  void check_params(const std::vector<const void*>& data) const {
+    check(zf_engine_check_params(engine_, data.data(), data.size()));
+  }
+
   // lrs empty: each group's own lr.
   void step(const std::vector<zf_tensor>& grads, const std::vector<double>& lrs = {}) {
     check(zf_engine_step(engine_, grads.data(), grads.size(), lrs.empty() ? nullptr : lrs.data(), lrs.size()));
@@ -438,6 +464,21 @@ class Engine {
     check(zf_engine_submit(engine_, first, grads.data(), grads.size()));
   }
   void end_step() { check(zf_engine_end_step(engine_)); }
+  // Readiness in a split step (zf_engine_mark_ready): params[index]'s gradient is ready.
+  void mark_ready(size_t index, const zf_tensor& grad) { check(zf_engine_mark_ready(engine_, index, &grad)); }
+  // release_gradients (zf_engine_take_released): the parameters released since the last call.
+  std::vector<size_t> take_released(size_t param_count) {
+    std::vector<size_t> indices(param_count);
+    size_t count = 0;
+    check(zf_engine_take_released(engine_, indices.data(), indices.size(), &count));
+    indices.resize(count);
+    return indices;
+  }
+  // Ends a split step with every parameter's final gradient (zf_engine_end_step_with; a
+  // released parameter's entry is not read: its data may be NULL).
+  void end_step_with(const std::vector<zf_tensor>& grads) {
+    check(zf_engine_end_step_with(engine_, grads.data(), grads.size()));
+  }
   void abort_step() { check(zf_engine_abort_step(engine_)); }
   void flush() { check(zf_engine_flush(engine_)); }
   // Betas, eps and (when not empty) each group's weight decay of later steps
@@ -474,6 +515,11 @@ class Engine {
     check(zf_engine_save_state(engine_, buffers.data(), buffers.size(), state.counters.data(), &state.loss_scale));
     return state;
   }
+  // Testing (engine.h): the host lane's next piece of work fails with `message`.
+  void inject_host_lane_fault_for_testing(const char* message) {
+    check(zf_engine_inject_host_lane_fault_for_testing(engine_, message));
+  }
+
   void load_state(EngineState& state) {
     const std::vector<zf_tensor> buffers = state.tensors();
     check(zf_engine_load_state(engine_, buffers.data(), buffers.size(), state.counters.data(), state.loss_scale));

@@ -16,6 +16,7 @@
 
 #include "tensor_convert.hpp"
 #include "zenflow/engine.h"
+#include "zenflow/zenflow.hpp"
 
 namespace zf_py {
 
@@ -54,6 +55,36 @@ zf_status release_gil(Fn&& fn) {
 template <typename Fn>
 void call(Fn&& fn) {
   check(release_gil(std::forward<Fn>(fn)));
+}
+
+// A call of the C++ layer (zenflow.hpp): the zenflow::Error it threw, if any.
+struct Outcome {
+  zf_status status = ZF_SUCCESS;
+  std::string message;
+  // Raises it as Python's (ValueError, TypeError, ...); nothing when the call succeeded.
+  void raise() const {
+    if (status != ZF_SUCCESS) throw_error(status, message);
+  }
+};
+
+// Runs `fn` (calls of zenflow::Engine) with the GIL released and catches its error, to be
+// raised once the GIL is back.
+template <typename Fn>
+Outcome attempt(Fn&& fn) {
+  Outcome outcome;
+  py::gil_scoped_release release;
+  try {
+    fn();
+  } catch (const zenflow::Error& e) {
+    outcome.status = e.status();
+    outcome.message = e.what();
+  }
+  return outcome;
+}
+
+template <typename Fn>
+void run(Fn&& fn) {
+  attempt(std::forward<Fn>(fn)).raise();
 }
 
 // ---- the engine's devices (bind_devices.cpp) ----

@@ -494,8 +494,9 @@ std::vector<zf_tensor> descriptors(const std::vector<TensorArg>& args) {
   return out;
 }
 
-void throw_status(zf_status status) {
-  const std::string message = zf_last_error();
+void throw_status(zf_status status) { throw_error(status, zf_last_error()); }
+
+void throw_error(zf_status status, const std::string& message) {
   switch (status) {
     case ZF_ERROR_INVALID_VALUE:
       throw py::value_error(message);

@@ -48,7 +48,9 @@ std::vector<zf_tensor> descriptors(const std::vector<TensorArg>& args);
 void bump_versions(const std::vector<const TensorArg*>& args);
 
 // Raises the Python exception for a failed zenflow status (ValueError, TypeError, ...).
-void throw_status(zf_status status);
+[[noreturn]] void throw_status(zf_status status);
+// The same for a status and its message (a zenflow::Error's, from the C++ layer).
+[[noreturn]] void throw_error(zf_status status, const std::string& message);
 inline void check(zf_status status) {
   if (status != ZF_SUCCESS) throw_status(status);
 }
