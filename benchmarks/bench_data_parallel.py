@@ -278,8 +278,18 @@ def main() -> None:
         action="store_true",
         help="skip the peer run (synchronous offload on the same ranks)",
     )
+    parser.add_argument(
+        "--malloc-mmap-threshold",
+        type=int,
+        default=None,
+        help="set glibc's MALLOC_MMAP_THRESHOLD_ (bytes) for the ranks: a fixed threshold, so freed "
+        "temporaries of the communication library go back to the system (RSS then shows what is in use)",
+    )
     parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
     args = parser.parse_args()
+    if args.malloc_mmap_threshold is not None:
+        # Read by glibc when a process starts: the spawned ranks inherit it.
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
 
     results, sync_results = {}, {}
     for world_size in args.world_sizes:
@@ -368,7 +378,12 @@ def main() -> None:
             "",
             "Memory per rank (VmRSS after the timed steps, with the optimizer; the baseline is the "
             "model and its gradients before it). Target: RSS within 10% of baseline + "
-            "(1-rank RSS - 1-rank baseline) / N.",
+            "(1-rank RSS - 1-rank baseline) / N."
+            + (
+                f" glibc's mmap threshold fixed at {args.malloc_mmap_threshold} bytes."
+                if args.malloc_mmap_threshold is not None
+                else ""
+            ),
             "",
             "| ranks | rank | baseline MiB | RSS MiB | optimizer's part MiB | host_state_bytes MiB "
             "| engine 'device' memory MiB | target MiB | RSS vs target |",
