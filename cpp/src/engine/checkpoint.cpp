@@ -150,8 +150,8 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     // The open window's accumulator; one that holds nothing of it (it is not zeroed after
     // an update) is saved as zeros, as are the selected columns' entries, which no
     // accumulate touches.
-    const bool holds_window = steps_accumulated_ > 0 && m.acc_fresh[acc_current_] == 0;
-    const std::vector<float>& acc = m.acc[acc_current_];
+    const bool holds_window = window_.steps() > 0 && m.acc_fresh[window_.filling()] == 0;
+    const std::vector<float>& acc = m.acc[window_.filling()];
     if (parallel()) {  // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
@@ -187,8 +187,8 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
   schedule_.save(counters);
   counters[ZF_COUNTER_GROWTH_TRACKER] = growth_tracker_;
   counters[ZF_COUNTER_SKIPPED] = skipped_steps_;
-  counters[ZF_COUNTER_STEPS_ACCUMULATED] = steps_accumulated_;
-  counters[ZF_COUNTER_UPDATE_PENDING] = update_pending_ ? 1 : 0;
+  counters[ZF_COUNTER_STEPS_ACCUMULATED] = window_.steps();
+  counters[ZF_COUNTER_UPDATE_PENDING] = window_.pending() ? 1 : 0;
   counters[ZF_COUNTER_HYSTERESIS] = hysteresis_count_;
   *loss_scale = loss_scale_;
 }
@@ -269,18 +269,18 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
       }
     }
   }
-  if (inflight_) {
+  if (window_.job()) {
     try {
-      inflight_->wait();
+      window_.job()->wait();
     } catch (...) {
     }
-    inflight_.reset();
+    window_.forget_job();
   }
   backend_->synchronize();  // nothing in flight reads or writes the device state below
   scalar_readback_.clear();
   ring_.forget_copies();
   last_scatter_.reset();
-  uploads_done_.reset();
+  window_.forget_uploaded();
   ensure_device_memory();
   ensure_host_memory();
   initialized_ = true;
@@ -363,16 +363,14 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
   growth_tracker_ = counters[ZF_COUNTER_GROWTH_TRACKER];
   skipped_steps_ = counters[ZF_COUNTER_SKIPPED];
   loss_scale_ = config_.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? loss_scale : 1.0;
-  acc_current_ = 0;
-  steps_accumulated_ = counters[ZF_COUNTER_STEPS_ACCUMULATED];
-  update_pending_ = counters[ZF_COUNTER_UPDATE_PENDING] != 0;
+  window_.restore(counters[ZF_COUNTER_STEPS_ACCUMULATED], counters[ZF_COUNTER_UPDATE_PENDING] != 0);
   hysteresis_count_ = counters[ZF_COUNTER_HYSTERESIS];
   sticky_ = false;
   sticky_message_.clear();
   rebuild_plans();
   // A pending host result is the deferred columns' master: its upload copy is rebuilt, and
   // the next window close applies it as it would have been.
-  if (update_pending_) {
+  if (window_.pending()) {
     for (Matrix& m : matrices_) write_upload_from_master(m);
   }
 }

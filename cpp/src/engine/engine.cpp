@@ -152,13 +152,12 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   }
   int host_threads = 1;
   automatic_thread_counts(config, &compute_threads_, &host_threads);
-  last_lr_.resize(group_count);
-  last_weight_decay_.resize(group_count);
+  std::vector<double> lrs(group_count), weight_decays(group_count);
   for (size_t g = 0; g < group_count; ++g) {
-    last_lr_[g] = groups[g].lr;
-    last_weight_decay_[g] = groups[g].weight_decay;
+    lrs[g] = groups[g].lr;
+    weight_decays[g] = groups[g].weight_decay;
   }
-  last_hparams_ = hparams_;
+  window_.init(std::move(lrs), std::move(weight_decays), hparams_);
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
   create_backend(compute_threads_);
   set_ownership();
@@ -245,7 +244,7 @@ Engine::~Engine() {
   scalar_readback_.release();
   ring_.forget_copies();
   last_scatter_.reset();
-  uploads_done_.reset();
+  window_.forget_uploaded();
   ring_.release();
   upload_ = PinnedBuffer();
   arena_.free(*backend_);
@@ -518,7 +517,7 @@ void Engine::poll_host_lane() {
   for (const auto& job : ring_.jobs()) {
     if (job && job->done()) wait_job(job, nullptr);
   }
-  if (inflight_ && inflight_->done()) wait_job(inflight_, nullptr);
+  if (window_.job() && window_.job()->done()) wait_job(window_.job(), nullptr);
   check_recorded_scalars(false);
   check_usable();
 }

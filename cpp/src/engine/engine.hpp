@@ -28,6 +28,7 @@
 #include "engine/backend.hpp"
 #include "engine/device_arena.hpp"
 #include "engine/host_lane.hpp"
+#include "engine/host_window.hpp"
 #include "engine/scalar_readback.hpp"
 #include "engine/schedule.hpp"
 #include "engine/staging_ring.hpp"
@@ -484,19 +485,13 @@ class Engine {
   ScalarReadback scalar_readback_;  // the step scalars on their way to the host
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
-  Event uploads_done_;              // U is free once it completes
   // The staging ring (staging_ring.hpp): staging_slots device slots, and as many host slots
   // or (release_gradients) one per bucket, so that every bucket of a step can be consumed
   // during backward while the device keeps staging_slots.
   StagingRing ring_;
-  std::shared_ptr<WorkJob> inflight_;  // the host update whose result is not uploaded yet
-  int acc_current_ = 0;
-  int64_t steps_accumulated_ = 0;
-  std::vector<double> last_lr_;  // per group, of the last accumulated step
-  // The weight decays (per group) and betas / eps of the last accumulated step: a window's
-  // host update runs with them.
-  std::vector<double> last_weight_decay_;
-  zf_adam_hparams last_hparams_{};
+  // The open window (its accumulator, steps, its update's values) and the closed window's
+  // update in flight (host_window.hpp).
+  HostWindow window_;
 
   // per-step scratch (kept for capacity)
   std::unique_ptr<ColumnStatsPlan> stats_plan_;
@@ -564,7 +559,6 @@ class Engine {
   bool split_select_ = false;
   size_t buckets_reduced_ = 0;
   std::vector<uint8_t> bucket_reduced_;
-  bool update_pending_ = false;  // a host update was started whose upload has not run
   size_t reduce_offset_ = 0, reduce_bytes_ = 0, shard_offset_ = 0, shard_bytes_ = 0, health_offset_ = 0,
          exchange_offset_ = 0, exchange_bytes_ = 0, lists_offset_ = 0;
   int64_t collective_stats_bytes_ = 0, collective_gradient_bytes_ = 0, collective_upload_bytes_ = 0;

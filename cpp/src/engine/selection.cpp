@@ -176,8 +176,8 @@ void Engine::rebuild_plans() {
   // The host lane is idle here (a flush before a selection, or a load): which accumulator
   // holds the open window is the counters' to say; the other holds nothing.
   for (Matrix& m : matrices_) {
-    m.acc_fresh[acc_current_] = steps_accumulated_ == 0 ? 1 : 0;
-    m.acc_fresh[acc_current_ ^ 1] = 1;
+    m.acc_fresh[window_.filling()] = window_.steps() == 0 ? 1 : 0;
+    m.acc_fresh[window_.filling() ^ 1] = 1;
   }
   std::vector<AdamwSelectedMatrix> device;
   device_plan_params_.clear();

@@ -477,7 +477,7 @@ void Engine::take_released(std::vector<size_t>* out) {
 
 std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, const Event& copied) {
   uint8_t* host_slot = ring_.host_slot(slot);
-  const int acc = acc_current_;
+  const int acc = window_.filling();
   Backend* backend = backend_.get();
   return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied](ThreadPool& pool) {
     backend->host_wait(copied);
@@ -743,10 +743,10 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     if (bucket_early_.empty() || !bucket_early_[static_cast<size_t>(&b - buckets_.data())]) defer_bucket(b, grads);
   }
   if (!buckets_.empty()) {
-    ++steps_accumulated_;
-    last_lr_ = step_lrs_;  // the window's host update runs with its last step's values
-    for (size_t g = 0; g < groups_.size(); ++g) last_weight_decay_[g] = groups_[g].weight_decay;
-    last_hparams_ = hparams_;
+    // The window's host update runs with its last step's values.
+    std::vector<double> weight_decays(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) weight_decays[g] = groups_[g].weight_decay;
+    window_.add_step(step_lrs_, weight_decays, hparams_);
   }
   // 6. window bookkeeping (a group sums every device's counts before the close)
   window_bookkeeping(step_kind_.warm_up, due, counted);
@@ -821,11 +821,11 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
 
 void Engine::quiesce_host_lane() {
   // The accumulates of the last step's slots complete the open window's sums; the running
-  // update completes the pending host result (inflight_ is then done: the next close applies
+  // update completes the pending host result (its job is then done: the next close applies
   // it without waiting). Nothing is closed or applied, so the run goes on unchanged.
   double ignored = 0.0;
   wait_all_slots(&ignored);
-  if (inflight_) wait_job(inflight_, &ignored);
+  if (window_.job()) wait_job(window_.job(), &ignored);
   check_recorded_scalars(true);
 }
 
@@ -846,8 +846,8 @@ void Engine::start_update() {
   // writing the upload copy U. A is not zeroed: the window's first accumulate overwrites it
   // (acc_fresh), which saves a write per element here and a read there.
   std::vector<WorkQueue::Chunk> chunks;
-  const int acc = acc_current_;
-  const float scale = 1.0f / static_cast<float>(steps_accumulated_);
+  const int acc = window_.filling();
+  const float scale = 1.0f / static_cast<float>(window_.steps());
   // The whole window streams through the cache one matrix after the other: each call
   // prefetches as the size of the whole update says, not as its own matrix's does.
   int64_t window_elements = 0;
@@ -859,13 +859,13 @@ void Engine::start_update() {
     any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
     if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
     const size_t group = static_cast<size_t>(params_[m.param].group);
-    const double lr = last_lr_[group];
-    const double wd = last_weight_decay_[group];
+    const double lr = window_.lr(group);
+    const double wd = window_.weight_decay(group);
     uint8_t* out = upload_.data() + m.upload_offset;
     const zf_dtype out_dtype = buckets_[m.bucket].dtype;
-    const zf_adam_hparams hparams = last_hparams_;
+    const zf_adam_hparams hparams = window_.hparams();
     Backend* backend = backend_.get();
-    const Event uploaded = uploads_done_;  // U is still being copied up until then
+    const Event uploaded = window_.uploaded();  // U is still being copied up until then
     chunks.push_back(
         [this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements](ThreadPool& pool) {
           backend->host_wait(uploaded);
@@ -887,24 +887,18 @@ void Engine::start_update() {
               std::memory_order_relaxed);
         });
   }
-  acc_current_ ^= 1;
-  steps_accumulated_ = 0;
   // Data parallel: a rank with no deferred column of its own still joins the all-gathers.
-  update_pending_ = parallel() ? any_deferred : !chunks.empty();
-  if (!chunks.empty()) inflight_ = lane_->submit_update(std::move(chunks));
+  const bool pending = parallel() ? any_deferred : !chunks.empty();
+  window_.close(chunks.empty() ? nullptr : lane_->submit_update(std::move(chunks)), pending);
 }
 
 void Engine::finish_update(double* stall) {
-  if (!update_pending_) return;
-  update_pending_ = false;
-  if (inflight_) {
-    auto job = std::move(inflight_);
-    inflight_.reset();
-    wait_job(job, stall);
-  }
+  if (!window_.pending()) return;
+  const std::shared_ptr<WorkJob> job = window_.take_for_upload();
+  if (job) wait_job(job, stall);
   if (parallel()) {
     for (Bucket& b : buckets_) gather_upload(b);
-    uploads_done_ = backend_->record(Lane::kUp);
+    window_.set_uploaded(backend_->record(Lane::kUp));
     return;
   }
   // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
@@ -925,11 +919,11 @@ void Engine::finish_update(double* stall) {
     last_scatter_ = backend_->record(Lane::kCompute);
     add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
   }
-  uploads_done_ = backend_->record(Lane::kUp);
+  window_.set_uploaded(backend_->record(Lane::kUp));
 }
 
 void Engine::close_window(bool warm_up) {
-  const bool had_steps = steps_accumulated_ > 0;
+  const bool had_steps = window_.steps() > 0;
   if (config_.overlap_step && !warm_up) {
     finish_update(&stall_close_);  // window w-1's result goes up now
     if (had_steps) start_update();
@@ -952,7 +946,7 @@ void Engine::flush_internal() {
   const auto start = Clock::now();
   double ignored = 0.0;
   finish_update(&ignored);
-  if (steps_accumulated_ > 0) {
+  if (window_.steps() > 0) {
     start_update();
     if (schedule_.step() > config_.full_warm_up_rounds) add_saturating(windows_, 1);
     finish_update(&ignored);

@@ -1,0 +1,94 @@
+// The host side's windows (docs/design.md section 8), one of the engine's parts: the open
+// window, which of the two accumulators (A[0], A[1]) it fills, how many steps it holds and
+// the values its host update will run with (its last step's learning rates, weight decays,
+// betas and eps); and the closed window whose host update was started and whose result (the
+// upload copy U) has not gone up yet, with the event after which U may be written again.
+//
+// It decides nothing: the engine's step closes a window when the schedule says so, starts
+// its update on the host lane and uploads the result at the landing step (step.cpp). This
+// part keeps their state in one place, so that a checkpoint, a flush and a poll of the host
+// lane read and write the same few fields. Training thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/thread_pool.hpp"
+#include "engine/backend.hpp"
+#include "zenflow/optim.h"
+
+namespace zf {
+
+class HostWindow {
+ public:
+  // Before any step: an update would run with the groups' own values.
+  void init(std::vector<double> lrs, std::vector<double> weight_decays, const zf_adam_hparams& hparams) {
+    lrs_ = std::move(lrs);
+    weight_decays_ = std::move(weight_decays);
+    hparams_ = hparams;
+  }
+
+  // ---- the open window ----
+  int filling() const { return filling_; }  // the accumulator its steps add into
+  int64_t steps() const { return steps_; }
+  // One more step accumulated, with the values of the window's update from now on.
+  void add_step(const std::vector<double>& lrs, const std::vector<double>& weight_decays,
+                const zf_adam_hparams& hparams) {
+    ++steps_;
+    lrs_ = lrs;
+    weight_decays_ = weight_decays;
+    hparams_ = hparams;
+  }
+  double lr(size_t group) const { return lrs_[group]; }
+  double weight_decay(size_t group) const { return weight_decays_[group]; }
+  const zf_adam_hparams& hparams() const { return hparams_; }
+
+  // Closes it: `job` runs its update (nullptr: nothing to run on this rank); `pending`, a
+  // result is owed to the weights (data parallel: also with no job here, for the
+  // all-gathers). The next window fills the other accumulator.
+  void close(std::shared_ptr<WorkJob> job, bool pending) {
+    job_ = std::move(job);
+    pending_ = pending;
+    filling_ ^= 1;
+    steps_ = 0;
+  }
+
+  // ---- the closed window's update ----
+  bool pending() const { return pending_; }
+  // The running (or finished, not yet waited for) update; nullptr when none.
+  const std::shared_ptr<WorkJob>& job() const { return job_; }
+  // Its result goes up: the pending flag is cleared and the job handed over to be waited for.
+  std::shared_ptr<WorkJob> take_for_upload() {
+    pending_ = false;
+    return std::exchange(job_, nullptr);
+  }
+  // U is read by the copies up until this event completes.
+  const Event& uploaded() const { return uploaded_; }
+  void set_uploaded(Event event) { uploaded_ = std::move(event); }
+
+  // A loaded state: the open window holds `steps` in A[0]; `pending`, a result is owed. No
+  // job runs (the caller waited for it) and no copy reads U.
+  void restore(int64_t steps, bool pending) {
+    job_.reset();
+    uploaded_.reset();
+    filling_ = 0;
+    steps_ = steps;
+    pending_ = pending;
+  }
+  // The update no longer runs (the caller waited for it); its result stays owed.
+  void forget_job() { job_.reset(); }
+  void forget_uploaded() { uploaded_.reset(); }
+
+ private:
+  int filling_ = 0;
+  int64_t steps_ = 0;
+  std::vector<double> lrs_, weight_decays_;  // per group
+  zf_adam_hparams hparams_{};
+  std::shared_ptr<WorkJob> job_;
+  bool pending_ = false;
+  Event uploaded_;
+};
+
+}  // namespace zf
