@@ -152,12 +152,7 @@ Engine::Engine(const zf_tensor* params, const int32_t* param_groups, size_t para
   }
   int host_threads = 1;
   automatic_thread_counts(config, &compute_threads_, &host_threads);
-  std::vector<double> lrs(group_count), weight_decays(group_count);
-  for (size_t g = 0; g < group_count; ++g) {
-    lrs[g] = groups[g].lr;
-    weight_decays[g] = groups[g].weight_decay;
-  }
-  window_.init(std::move(lrs), std::move(weight_decays), hparams_);
+  window_.init(groups_, hparams_);
   loss_scale_ = config.loss_scaling == ZF_LOSS_SCALING_DYNAMIC ? config.initial_scale : 1.0;
   create_backend(compute_threads_);
   set_ownership();

@@ -263,7 +263,7 @@ class Engine {
   };
   // Data parallel: the matrices of a bucket that one pass of collectives reduces (and
   // all-gathers), so that the reduction scratch is a rank's share of a bucket, not a whole
-  // one (reduction_groups: at most bucket_bytes / world of gradient, or one matrix).
+  // one (plan_reduction_groups: at most bucket_bytes / world of gradient, or one matrix).
   // rank_pack[q]: rank q's deferred chunk of the group's matrices; selected_pack: their
   // selected columns; whole_pack: every column. chunk_elements: the chunk every rank pads to
   // (the same on all ranks).
@@ -271,7 +271,6 @@ class Engine {
     size_t first, last;  // matrices [first, last), inside the bucket's
     std::vector<std::unique_ptr<PackPlan>> rank_pack;
     std::unique_ptr<PackPlan> selected_pack, whole_pack;
-    size_t max_chunk_elements = 0;  // the largest chunk of any rank with nothing selected
     size_t chunk_elements = 0, selected_elements = 0, deferred_elements = 0;  // current selection, all ranks
     size_t own_elements = 0;  // this rank's deferred elements (the first of its chunk)
   };
@@ -417,6 +416,10 @@ class Engine {
   // One group's pass (selected: its selected columns too, when the bucket's did not fit
   // the scratch at once).
   void reduce_group(Bucket& b, ReductionGroup& g, bool zeros, bool whole, bool selected);
+  // In place in `tensors`: the columns `plan` packs (skipping `skip`), `elements` of them,
+  // all-reduced through the scratch; zeros (and nothing kept) for a rank without gradients.
+  void all_reduce_columns(const PackPlan& plan, zf_tensor* tensors, const int32_t* const* skip, size_t elements,
+                          zf_dtype dtype, bool zeros);
   // The matrices' column sums, then the flags, all-reduced. At the end of a split step the
   // flags carry its agreement (one slot per rank after them), judged here: `local` (this
   // rank's refusal, or none) is rethrown, another rank's failure raised.

@@ -17,6 +17,7 @@
 
 #include "common/thread_pool.hpp"
 #include "engine/backend.hpp"
+#include "zenflow/engine.h"
 #include "zenflow/optim.h"
 
 namespace zf {
@@ -24,22 +25,22 @@ namespace zf {
 class HostWindow {
  public:
   // Before any step: an update would run with the groups' own values.
-  void init(std::vector<double> lrs, std::vector<double> weight_decays, const zf_adam_hparams& hparams) {
-    lrs_ = std::move(lrs);
-    weight_decays_ = std::move(weight_decays);
-    hparams_ = hparams;
+  void init(const std::vector<zf_engine_group>& groups, const zf_adam_hparams& hparams) {
+    lrs_.resize(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) lrs_[g] = groups[g].lr;
+    take_values(groups, hparams);
   }
 
   // ---- the open window ----
   int filling() const { return filling_; }  // the accumulator its steps add into
   int64_t steps() const { return steps_; }
-  // One more step accumulated, with the values of the window's update from now on.
-  void add_step(const std::vector<double>& lrs, const std::vector<double>& weight_decays,
+  // One more step accumulated, with the values of the window's update from now on: the
+  // step's learning rates, the groups' weight decays and the betas and eps.
+  void add_step(const std::vector<double>& lrs, const std::vector<zf_engine_group>& groups,
                 const zf_adam_hparams& hparams) {
     ++steps_;
     lrs_ = lrs;
-    weight_decays_ = weight_decays;
-    hparams_ = hparams;
+    take_values(groups, hparams);
   }
   double lr(size_t group) const { return lrs_[group]; }
   double weight_decay(size_t group) const { return weight_decays_[group]; }
@@ -68,11 +69,9 @@ class HostWindow {
   const Event& uploaded() const { return uploaded_; }
   void set_uploaded(Event event) { uploaded_ = std::move(event); }
 
-  // A loaded state: the open window holds `steps` in A[0]; `pending`, a result is owed. No
-  // job runs (the caller waited for it) and no copy reads U.
+  // A loaded state: the open window holds `steps` in A[0]; `pending`, a result is owed. The
+  // caller waited for the job and dropped it and U's event (forget_job, forget_uploaded).
   void restore(int64_t steps, bool pending) {
-    job_.reset();
-    uploaded_.reset();
     filling_ = 0;
     steps_ = steps;
     pending_ = pending;
@@ -82,6 +81,12 @@ class HostWindow {
   void forget_uploaded() { uploaded_.reset(); }
 
  private:
+  void take_values(const std::vector<zf_engine_group>& groups, const zf_adam_hparams& hparams) {
+    weight_decays_.resize(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) weight_decays_[g] = groups[g].weight_decay;
+    hparams_ = hparams;
+  }
+
   int filling_ = 0;
   int64_t steps_ = 0;
   std::vector<double> lrs_, weight_decays_;  // per group

@@ -89,21 +89,19 @@ void Engine::parallel_memory() {
   reduce_bytes_ = std::min(dense_bytes, std::max<size_t>(config_.bucket_bytes, 1 << 20));
   for (Bucket& b : buckets_) {
     const size_t element = zf_dtype_size(b.dtype);
-    for (ReductionGroup& g : b.groups) {
-      g.max_chunk_elements = 0;
-      size_t whole = 0;
+    for (const ReductionGroup& g : b.groups) {
+      size_t max_chunk = 0, whole = 0;  // the largest chunk of any rank with nothing selected
       for (int q = 0; q < world_; ++q) {
         size_t elements = 0;
         for (size_t i = g.first; i < g.last; ++i) {
           const Matrix& m = matrices_[i];
           elements += static_cast<size_t>(m.rows * (chunk_lo(m.cols, q + 1, world_) - chunk_lo(m.cols, q, world_)));
         }
-        g.max_chunk_elements = std::max(g.max_chunk_elements, elements);
+        max_chunk = std::max(max_chunk, elements);
         whole += elements;
       }
-      reduce_bytes_ =
-          std::max(reduce_bytes_, std::max(whole, g.max_chunk_elements * static_cast<size_t>(world_)) * element);
-      shard_bytes_ = std::max(shard_bytes_, g.max_chunk_elements * element);
+      reduce_bytes_ = std::max(reduce_bytes_, std::max(whole, max_chunk * static_cast<size_t>(world_)) * element);
+      shard_bytes_ = std::max(shard_bytes_, max_chunk * element);
     }
   }
   reduce_offset_ = take(reduce_bytes_);
@@ -408,18 +406,22 @@ void Engine::reduce_bucket(Bucket& b, const zf_tensor* grads, bool whole) {
   if (!zeros) bind_gradients(b, grads);
   // The bucket's selected columns in one all-reduce when they fit the scratch (fewer calls;
   // they are about topk_ratio of the bucket), else group by group.
-  const size_t element = zf_dtype_size(b.dtype);
-  const bool selected_at_once = !whole && b.selected_elements * element <= reduce_bytes_;
-  if (selected_at_once && b.selected_elements > 0) {
-    uint8_t* scratch = arena_.base() + reduce_offset_;
-    if (zeros)
-      backend_->fill_device_zero(scratch, b.selected_elements * element);
-    else
-      backend_->pack(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
-    all_reduce(scratch, b.selected_elements, b.dtype, &collective_gradient_bytes_);
-    if (!zeros) backend_->scatter(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), scratch);
-  }
+  const bool selected_at_once = !whole && b.selected_elements * zf_dtype_size(b.dtype) <= reduce_bytes_;
+  if (selected_at_once && b.selected_elements > 0)
+    all_reduce_columns(*b.selected_pack, b.matrix_tensors.data(), b.deferred_ptrs.data(), b.selected_elements, b.dtype,
+                       zeros);
   for (ReductionGroup& g : b.groups) reduce_group(b, g, zeros, whole, !selected_at_once);
+}
+
+void Engine::all_reduce_columns(const PackPlan& plan, zf_tensor* tensors, const int32_t* const* skip, size_t elements,
+                                zf_dtype dtype, bool zeros) {
+  uint8_t* scratch = arena_.base() + reduce_offset_;
+  if (zeros)
+    backend_->fill_device_zero(scratch, elements * zf_dtype_size(dtype));
+  else
+    backend_->pack(plan, tensors, skip, scratch);
+  all_reduce(scratch, elements, dtype, &collective_gradient_bytes_);
+  if (!zeros) backend_->scatter(plan, tensors, skip, scratch);
 }
 
 void Engine::reduce_group(Bucket& b, ReductionGroup& g, bool zeros, bool whole, bool selected) {
@@ -428,24 +430,11 @@ void Engine::reduce_group(Bucket& b, ReductionGroup& g, bool zeros, bool whole, 
   zf_tensor* tensors = b.matrix_tensors.data() + at;
   uint8_t* scratch = arena_.base() + reduce_offset_;
   const size_t element = zf_dtype_size(b.dtype);
-  auto gather = [&](const PackPlan& plan, const int32_t* const* skip, void* into, size_t elements) {
-    if (zeros)
-      backend_->fill_device_zero(into, elements * element);
-    else
-      backend_->pack(plan, tensors, skip, into);
-  };
-  if (whole) {
-    const size_t elements = g.selected_elements + g.deferred_elements;
-    gather(*g.whole_pack, b.no_skip_ptrs.data() + at, scratch, elements);
-    all_reduce(scratch, elements, b.dtype, &collective_gradient_bytes_);
-    if (!zeros) backend_->scatter(*g.whole_pack, tensors, b.no_skip_ptrs.data() + at, scratch);
-    return;
-  }
-  if (selected && g.selected_elements > 0) {
-    gather(*g.selected_pack, b.deferred_ptrs.data() + at, scratch, g.selected_elements);
-    all_reduce(scratch, g.selected_elements, b.dtype, &collective_gradient_bytes_);
-    if (!zeros) backend_->scatter(*g.selected_pack, tensors, b.deferred_ptrs.data() + at, scratch);
-  }
+  if (whole)
+    return all_reduce_columns(*g.whole_pack, tensors, b.no_skip_ptrs.data() + at,
+                              g.selected_elements + g.deferred_elements, b.dtype, zeros);
+  if (selected && g.selected_elements > 0)
+    all_reduce_columns(*g.selected_pack, tensors, b.deferred_ptrs.data() + at, g.selected_elements, b.dtype, zeros);
   if (g.deferred_elements > 0) {
     // Rank q's chunk at q * chunk_elements, each padded to the largest (zeros when this
     // rank adds none); the pad is never scattered.

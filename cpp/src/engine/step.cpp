@@ -743,10 +743,7 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
     if (bucket_early_.empty() || !bucket_early_[static_cast<size_t>(&b - buckets_.data())]) defer_bucket(b, grads);
   }
   if (!buckets_.empty()) {
-    // The window's host update runs with its last step's values.
-    std::vector<double> weight_decays(groups_.size());
-    for (size_t g = 0; g < groups_.size(); ++g) weight_decays[g] = groups_[g].weight_decay;
-    window_.add_step(step_lrs_, weight_decays, hparams_);
+    window_.add_step(step_lrs_, groups_, hparams_);  // its host update runs with its last step's values
   }
   // 6. window bookkeeping (a group sums every device's counts before the close)
   window_bookkeeping(step_kind_.warm_up, due, counted);
