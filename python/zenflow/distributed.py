@@ -36,6 +36,12 @@ _CONSOLIDATE_BUCKET_BYTES = 64 << 20
 # torch 2.13 renamed the tensor collectives; older versions have only the first names.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# gloo allocates temporaries as large as each call's data (it flattens a list collective's
+# tensors, its ring all-reduce keeps per-call buffers). Once freed, glibc's dynamic mmap
+# threshold (which rises to the largest freed mapping, up to 32 MiB) keeps temporaries of
+# that size in the heap, resident: tens of MiB per rank at the default 64 MiB buckets. gloo's
+# collectives are therefore issued in pieces of at most this many bytes, which bounds them.
+_GLOO_PIECE_BYTES = 2 << 20
 
 
 def column_range(columns: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -74,7 +80,9 @@ class _EngineCollectives:
         self._device = parallel.device
         # gloo's reduce_scatter_tensor is about 1.6x slower than its list form (32 MiB, 2
         # ranks: 50 ms against 32 ms, and its all-reduce takes 27 ms): use the list form there.
-        self._list_reduce_scatter = dist.get_backend(parallel.group) == "gloo"
+        gloo = dist.get_backend(parallel.group) == "gloo"
+        self._list_reduce_scatter = gloo
+        self._piece_bytes = _GLOO_PIECE_BYTES if gloo else None
         # gloo with CUDA parameters (several ranks on one GPU, as in tests): the collectives
         # run on host copies of the engine's buffers, taken in the engine's stream order.
         self._staged = parallel.staged
@@ -120,13 +128,21 @@ class _EngineCollectives:
         if result is not target:
             target.copy_(result)
 
+    def _pieces(self, count: int, element_size: int) -> list[slice]:
+        """[0, count) in the pieces one collective call takes (the whole range but on gloo)."""
+        if self._piece_bytes is None:
+            return [slice(0, count)]
+        step = max(1, self._piece_bytes // element_size)
+        return [slice(start, min(count, start + step)) for start in range(0, count, step)]
+
     def all_reduce_sum(self, address: int, count: int, dtype: str, stream: int) -> None:
         if count == 0:
             return
         data = self._view("all_reduce_sum", address, count, dtype)
         with self._stream(stream):
             host = self._host(data)
-            dist.all_reduce(host, op=dist.ReduceOp.SUM, group=self._group)
+            for piece in self._pieces(count, host.element_size()):
+                dist.all_reduce(host[piece], op=dist.ReduceOp.SUM, group=self._group)
             self._back(data, host)
 
     def _in_out(
@@ -167,8 +183,10 @@ class _EngineCollectives:
                 dtype,
             )
             if self._list_reduce_scatter:
-                chunks = list(source.chunk(self._world_size))
-                dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=self._group)
+                chunks = source.chunk(self._world_size)
+                for piece in self._pieces(count, out.element_size()):
+                    pieces = [chunk[piece] for chunk in chunks]
+                    dist.reduce_scatter(out[piece], pieces, op=dist.ReduceOp.SUM, group=self._group)
             else:
                 _reduce_scatter_tensor(out, source, op=dist.ReduceOp.SUM, group=self._group)
             self._back(target, out)
@@ -182,7 +200,14 @@ class _EngineCollectives:
             source, out, target = self._in_out(
                 "all_gather", in_address, count, out_address, count * self._world_size, dtype
             )
-            _all_gather_tensor(out, source, group=self._group)
+            if self._piece_bytes is None:
+                _all_gather_tensor(out, source, group=self._group)
+            else:
+                chunks = out.chunk(self._world_size)
+                for piece in self._pieces(count, out.element_size()):
+                    dist.all_gather(
+                        [chunk[piece] for chunk in chunks], source[piece], group=self._group
+                    )
             self._back(target, out)
 
 

@@ -669,6 +669,48 @@ def _low_precision(rank: int, world_size: int, no_gradient_step: int):
 # ---- the tests ----
 
 
+def _collectives_in_pieces(rank: int, world_size: int, piece_bytes: int):
+    """The gloo collectives of one engine (distributed._EngineCollectives), each run whole and
+    in pieces of `piece_bytes` over the same inputs; returns both results of each. The values
+    are small integers, so any order of summation gives the same bits."""
+    from types import SimpleNamespace
+
+    import zenflow.distributed as zdist
+
+    parallel = SimpleNamespace(
+        group=torch.distributed.group.WORLD, world_size=world_size, device=_DEVICE, staged=False
+    )
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        size = dtype.itemsize
+        count = 1237  # a prime: no piece size divides it
+        memory = torch.zeros(4 * count * world_size * size, dtype=torch.uint8)
+        collectives = zdist._EngineCollectives(parallel)
+        collectives.attach(memory)
+        base = memory.data_ptr()
+        generator = torch.Generator().manual_seed(rank)
+        data = torch.randint(-50, 50, (count * world_size,), generator=generator).to(dtype)
+        name = str(dtype).removeprefix("torch.")
+        out = {}
+        for pieces in (None, piece_bytes):
+            collectives._piece_bytes = pieces
+            view = memory.view(dtype)
+            view.fill_(float("nan"))  # poison: every output element must be written
+            view[: count * world_size] = data
+            collectives.all_reduce_sum(base, count * world_size, name, 0)
+            reduced = view[: count * world_size].clone()
+            view[: count * world_size] = data
+            scattered_at = base + count * world_size * size
+            collectives.reduce_scatter_sum(base, scattered_at, count, name, 0)
+            scattered = view[count * world_size : count * world_size + count].clone()
+            gathered_at = base + 2 * count * world_size * size
+            collectives.all_gather(scattered_at, gathered_at, count, name, 0)
+            gathered = view[2 * count * world_size : 3 * count * world_size].clone()
+            out["pieces" if pieces else "whole"] = (reduced, scattered, gathered)
+        results[name] = out
+    return results
+
+
 def _assert_trajectories(got: list, want: list, what: str) -> None:
     assert len(got) == len(want)
     for step, (g, w) in enumerate(zip(got, want)):
@@ -963,6 +1005,30 @@ def test_low_precision_and_a_rank_without_gradients(tmp_path):
         for a, b in zip(result["weights"], plain["weights"]):
             assert torch.equal(a, b), f"{dtype}: differs from plain steps"
     assert ranks[0]["torch.float16"]["loss_scale"] > 1.0  # dynamic loss scaling was on
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gloo_collectives_in_pieces_match_whole_calls(tmp_path, world_size):
+    """On gloo the engine's collectives are issued in pieces (bounded temporaries): each of
+    the three, cut into pieces of 100 bytes (no piece size divides the count), gives the
+    whole call's bits, and the whole call the sum of every rank's data."""
+    ranks = _spawn("_collectives_in_pieces", world_size, tmp_path, 100)
+    for name in ("float32", "bfloat16"):
+        dtype = getattr(torch, name)
+        count = 1237
+        total = sum(
+            torch.randint(
+                -50, 50, (count * world_size,), generator=torch.Generator().manual_seed(r)
+            )
+            for r in range(world_size)
+        ).to(dtype)
+        for rank, result in enumerate(ranks):
+            reduced, scattered, gathered = result[name]["whole"]
+            assert torch.equal(reduced, total), (name, rank)
+            assert torch.equal(scattered, total[rank * count : (rank + 1) * count]), (name, rank)
+            assert torch.equal(gathered, total), (name, rank)
+            for got, want, what in zip(result[name]["pieces"], result[name]["whole"], "rsg"):
+                assert torch.equal(got, want), (name, rank, what)
 
 
 def test_process_group_argument():
