@@ -134,7 +134,7 @@ int run(const Options& options) {
     chunk_pool.run([&](int thread, int threads) {
       int64_t begin, end;
       zf::split_range(0, acc_n, thread, threads, &begin, &end);
-      kernels.accumulate(acc.get() + begin, acc_source.get() + begin, ZF_DTYPE_F32, end - begin, 0.5f, false);
+      kernels.accumulate(acc.get() + begin, acc_source.get() + begin, ZF_DTYPE_F32, end - begin, 0.5f, false, false);
     });
   };
 

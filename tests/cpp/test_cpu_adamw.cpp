@@ -1377,12 +1377,61 @@ TEST(AccumulateKernel, OverwriteEqualsAddingIntoZerosBitForBit) {
         const void* x = dtype == ZF_DTYPE_F32 ? static_cast<const void*>(values.data()) : half.data();
         for (float scale : {0.75f, -1.0f}) {
           std::vector<float> added(values.size(), 0.0f), written(values.size(), std::nanf(""));
-          table->accumulate(added.data(), x, dtype, count, scale, false);
-          table->accumulate(written.data(), x, dtype, count, scale, true);
+          table->accumulate(added.data(), x, dtype, count, scale, false, false);
+          table->accumulate(written.data(), x, dtype, count, scale, true, false);
           EXPECT_TRUE(added.empty() || std::memcmp(added.data(), written.data(), added.size() * sizeof(float)) == 0)
               << zf_simd_level_name(table->level) << " " << zf_dtype_name(dtype) << " count " << count;
+          // Streamed (non-temporal stores after an alignment head): the same bits at every
+          // offset of the accumulator from a 64-byte boundary, and nothing outside it written.
+          for (size_t shift = 0; shift < 16; ++shift) {
+            std::vector<float> storage(values.size() + 32, std::nanf(""));
+            float* aligned = storage.data() + (16 - reinterpret_cast<uintptr_t>(storage.data()) % 64 / 4) % 16;
+            float* streamed = aligned + shift;
+            table->accumulate(streamed, x, dtype, count, scale, true, true);
+            EXPECT_TRUE(added.empty() || std::memcmp(added.data(), streamed, added.size() * sizeof(float)) == 0)
+                << zf_simd_level_name(table->level) << " " << zf_dtype_name(dtype) << " count " << count << " shift "
+                << shift;
+            for (float* p = storage.data(); p < storage.data() + storage.size(); ++p) {
+              if (p < streamed || p >= streamed + count)
+                EXPECT_TRUE(std::isnan(*p)) << "written outside, shift " << shift;
+            }
+          }
         }
       }
+    }
+  }
+}
+
+// A plan over more than 4M elements (where the first accumulate streams its accumulators):
+// a matrix written fresh and one added into, each bit for bit its definition, at every
+// level, with a pool of 3 threads (ranges that start anywhere) and a bf16 buffer.
+TEST(AccumulateKernel, LargeRunWithFreshAndOpenAccumulatorsMatchesDefinition) {
+  const int64_t rows = 1031, cols = 2053;  // 2.1M elements each: 4.2M in the run
+  const size_t n = static_cast<size_t>(rows * cols);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  Buffer packed(ZF_DTYPE_BF16, 2 * n);
+  for (size_t e = 0; e < 2 * n; ++e) packed.set(e, normal(rng));
+  std::vector<float> open_before(n);
+  for (float& v : open_before) v = normal(rng);
+  std::vector<float> fresh(n, std::nanf("")), open = open_before;
+  std::vector<zf_tensor> acc = {f32_tensor(fresh, {cols, rows}), f32_tensor(open, {cols, rows})};
+  const zf_tensor packed_tensor = packed.tensor();
+  zf::AccumulatePlan plan;
+  plan.build(acc.data(), nullptr, 2, &packed_tensor);
+  ASSERT_GE(plan.layout().total(), int64_t{1} << 22);
+  zf::ThreadPool pool(3);
+  const uint8_t overwrite[2] = {1, 0};
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    std::fill(fresh.begin(), fresh.end(), std::nanf(""));
+    open = open_before;
+    plan.run(pool, acc.data(), packed.data(), 0.75f, overwrite);
+    for (size_t e = 0; e < n; ++e) {
+      ASSERT_EQ(zf::f32_bits(fresh[e]), zf::f32_bits(zf::accumulate_element(0.0f, packed.get(e), 0.75f)))
+          << zf_simd_level_name(level) << " element " << e;
+      ASSERT_EQ(zf::f32_bits(open[e]), zf::f32_bits(zf::accumulate_element(open_before[e], packed.get(n + e), 0.75f)))
+          << zf_simd_level_name(level) << " element " << e;
     }
   }
 }

@@ -21,7 +21,8 @@ namespace zf {
 namespace {
 
 // From this many elements on, a bf16/f16 output copy is written with non-temporal stores:
-// it no longer fits in cache, and is next read by the upload, not by this core.
+// it no longer fits in cache, and is next read by the upload, not by this core. A window's
+// first accumulate (write-only) streams its accumulators from the same size on.
 constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 
 // Whether a step over `elements` elements prefetches its read streams: when the fp32 master,
@@ -502,10 +503,15 @@ void AccumulatePlan::build(const zf_tensor* accumulators, const zf_tensor* selec
 void AccumulatePlan::run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale,
                          const uint8_t* overwrite) const {
   const simd::KernelTable& kernels = simd::active_kernels();
+  // A window's first accumulate writes its accumulators without reading them; in a large
+  // call they no longer fit in cache and are read next a step later: written with
+  // non-temporal stores, as the step's output copy is (the same threshold).
+  const bool stream = layout_.total() >= kStreamOutMinElements;
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
+    const bool fresh = overwrite != nullptr && overwrite[piece.matrix] != 0;
     kernels.accumulate(static_cast<float*>(accumulators[piece.matrix].data) + piece.state_offset + offset,
                        element_pointer(packed, packed_dtype_, piece.grad_offset + offset), packed_dtype_, length, scale,
-                       overwrite != nullptr && overwrite[piece.matrix] != 0);
+                       fresh, fresh && stream);
   });
 }
 

@@ -61,7 +61,11 @@ struct KernelTable {
   // acc[i] = accumulate_element(acc[i], x[i], scale) for i < count; x is f32, bf16 or f16.
   // overwrite: acc[i] = accumulate_element(0.0f, x[i], scale), acc not read (a window's
   // first accumulate: the bits of adding into a zeroed accumulator, without reading it).
-  void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite);
+  // stream (with overwrite only): acc is written with non-temporal stores after a head that
+  // aligns it; the same values (large calls: the accumulator is read next a step later, out
+  // of cache, so fetching its lines before writing them would be wasted traffic).
+  void (*accumulate)(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite,
+                     bool stream);
 
   // Transposing copies of one block (see kernels_pack_impl.hpp); every element is computed as
   // column_index.hpp defines it, so all levels agree bit for bit:

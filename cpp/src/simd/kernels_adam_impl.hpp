@@ -11,6 +11,8 @@
 //   stream_bf16 / stream_f16, stream_fence   the same as non-temporal stores, to an address
 //                                            aligned to kStream16Alignment bytes; the fence
 //                                            orders them before the call returns
+//   stream_f32                               store_f32 as a non-temporal store, to an
+//                                            address aligned to kStream32Alignment bytes
 //
 // The vector body computes adam_update_element (common/adam_math.hpp) operation for
 // operation. A tail shorter than a vector goes through the same body on a padded copy, so
@@ -224,43 +226,68 @@ void adam_step(const zf::simd::AdamStepArgs& a, int64_t count) {
   }
 }
 
+// acc[0, count) from x[0, count) through the padded copy: a tail shorter than a vector, or
+// the alignment head of a streamed overwrite, computed by the same vector operation.
 template <class Isa, int kDtype, bool kOverwrite>
+void accumulate_padded(float* acc, const void* x, size_t count, typename Isa::F32 factor) {
+  constexpr size_t x_bytes = element_bytes(kDtype);
+  alignas(64) float padded_acc[Isa::kLanes] = {};
+  alignas(64) unsigned char padded_x[Isa::kLanes * 4] = {};
+  if (!kOverwrite) std::memcpy(padded_acc, acc, count * sizeof(float));
+  std::memcpy(padded_x, x, count * x_bytes);
+  Isa::store_f32(padded_acc, Isa::fma(load_as_f32<Isa, kDtype>(padded_x, 0), factor, Isa::load_f32(padded_acc)));
+  std::memcpy(acc, padded_acc, count * sizeof(float));
+}
+
+// kStream (overwrite only): acc goes out with non-temporal stores after a head that aligns it.
+template <class Isa, int kDtype, bool kOverwrite, bool kStream = false>
 void accumulate_typed(float* acc, const void* x, int64_t count, float scale) {
+  static_assert(kOverwrite || !kStream, "only a write-only accumulate streams");
   const typename Isa::F32 factor = Isa::set1(scale);
   // Overwrite adds into +0.0f (not the product alone): -0.0 becomes +0.0 as it does in a
   // zeroed accumulator, so both forms give the same bits.
   const typename Isa::F32 zero = Isa::set1(0.0f);
+  constexpr size_t x_bytes = element_bytes(kDtype);
   int64_t i = 0;
+  if constexpr (kStream) {
+    constexpr int64_t alignment_elements = Isa::kStream32Alignment / 4;
+    const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(acc) % Isa::kStream32Alignment) / 4;
+    const int64_t head = misaligned == 0 ? 0 : std::min(count, alignment_elements - misaligned);
+    if (head > 0) accumulate_padded<Isa, kDtype, kOverwrite>(acc, x, static_cast<size_t>(head), factor);
+    i = head;
+  }
   for (; i + Isa::kLanes <= count; i += Isa::kLanes) {
     const typename Isa::F32 base = kOverwrite ? zero : Isa::load_f32(acc + i);
-    Isa::store_f32(acc + i, Isa::fma(load_as_f32<Isa, kDtype>(x, i), factor, base));
+    const typename Isa::F32 sum = Isa::fma(load_as_f32<Isa, kDtype>(x, i), factor, base);
+    if constexpr (kStream) {
+      Isa::stream_f32(acc + i, sum);
+    } else {
+      Isa::store_f32(acc + i, sum);
+    }
   }
-  if (i == count) return;
-  const size_t rest = static_cast<size_t>(count - i);
-  constexpr size_t x_bytes = element_bytes(kDtype);
-  alignas(64) float padded_acc[Isa::kLanes] = {};
-  alignas(64) unsigned char padded_x[Isa::kLanes * 4] = {};
-  if (!kOverwrite) std::memcpy(padded_acc, acc + i, rest * sizeof(float));
-  std::memcpy(padded_x, static_cast<const unsigned char*>(x) + i * x_bytes, rest * x_bytes);
-  Isa::store_f32(padded_acc, Isa::fma(load_as_f32<Isa, kDtype>(padded_x, 0), factor, Isa::load_f32(padded_acc)));
-  std::memcpy(acc + i, padded_acc, rest * sizeof(float));
+  if (i < count) {
+    accumulate_padded<Isa, kDtype, kOverwrite>(acc + i, static_cast<const unsigned char*>(x) + i * x_bytes,
+                                               static_cast<size_t>(count - i), factor);
+  }
+  if constexpr (kStream) Isa::stream_fence();
 }
 
 template <class Isa, int kDtype>
-void accumulate_dtype(float* acc, const void* x, int64_t count, float scale, bool overwrite) {
+void accumulate_dtype(float* acc, const void* x, int64_t count, float scale, bool overwrite, bool stream) {
+  if (overwrite && stream) return accumulate_typed<Isa, kDtype, true, true>(acc, x, count, scale);
   if (overwrite) return accumulate_typed<Isa, kDtype, true>(acc, x, count, scale);
   accumulate_typed<Isa, kDtype, false>(acc, x, count, scale);
 }
 
 template <class Isa>
-void accumulate(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite) {
+void accumulate(float* acc, const void* x, zf_dtype x_dtype, int64_t count, float scale, bool overwrite, bool stream) {
   switch (x_dtype) {
     case ZF_DTYPE_F32:
-      return accumulate_dtype<Isa, ZF_DTYPE_F32>(acc, x, count, scale, overwrite);
+      return accumulate_dtype<Isa, ZF_DTYPE_F32>(acc, x, count, scale, overwrite, stream);
     case ZF_DTYPE_BF16:
-      return accumulate_dtype<Isa, ZF_DTYPE_BF16>(acc, x, count, scale, overwrite);
+      return accumulate_dtype<Isa, ZF_DTYPE_BF16>(acc, x, count, scale, overwrite, stream);
     default:
-      return accumulate_dtype<Isa, ZF_DTYPE_F16>(acc, x, count, scale, overwrite);
+      return accumulate_dtype<Isa, ZF_DTYPE_F16>(acc, x, count, scale, overwrite, stream);
   }
 }
 

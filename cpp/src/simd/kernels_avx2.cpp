@@ -53,6 +53,8 @@ struct Avx2Isa {
   static void stream_bf16(uint16_t* p, F32 x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(x)); }
   static void stream_f16(uint16_t* p, F32 x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_f16(x)); }
   static void stream_fence() { _mm_sfence(); }
+  static constexpr int64_t kStream32Alignment = 32;
+  static void stream_f32(float* p, F32 x) { _mm256_stream_ps(p, x); }
   static F64x add_widened(F64x acc, F32 x) {
     return {_mm256_add_pd(acc.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x))),
             _mm256_add_pd(acc.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)))};

@@ -52,6 +52,8 @@ struct Avx512Isa {
   static void stream_bf16(uint16_t* p, F32 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
   static void stream_f16(uint16_t* p, F32 x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16(x)); }
   static void stream_fence() { _mm_sfence(); }
+  static constexpr int64_t kStream32Alignment = 64;
+  static void stream_f32(float* p, F32 x) { _mm512_stream_ps(p, x); }
   static F64x add_widened(F64x acc, F32 x) {
     return {_mm512_add_pd(acc.lo, _mm512_cvtps_pd(_mm512_castps512_ps256(x))),
             _mm512_add_pd(acc.hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)))};

@@ -27,6 +27,8 @@ struct ScalarIsa {
   static void stream_bf16(uint16_t* p, F32 x) { store_bf16(p, x); }
   static void stream_f16(uint16_t* p, F32 x) { store_f16(p, x); }
   static void stream_fence() {}
+  static constexpr int64_t kStream32Alignment = 4;
+  static void stream_f32(float* p, F32 x) { store_f32(p, x); }
   static F64x add_widened(F64x acc, F32 x) { return acc + static_cast<double>(x); }
 };
 
