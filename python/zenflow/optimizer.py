@@ -49,13 +49,13 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             opt.zero_grad()
         opt.flush()  # the parameters now hold the exact current weights
 
-    Which regime. Fine-tuning a pretrained model at the defaults ended +2.0% to +3.7% above
-    AdamW's held-out loss on the demo's models; training from scratch loses more (+6.6% to
-    +19.5% on tiny GPT-2- and Llama-style models after 600 steps; `select_strategy="step",
-    select_interval=20` and a synchronous start, `full_warm_up_rounds`, narrow it): pre-train
-    with AdamW, fine-tune with this (benchmarks/results/2026-12-05-accuracy.md). A window's
-    host result lands `update_lag` (1) steps into the next window; raise it if
-    stats()["stall_seconds_window_close"] grows.
+    Which regime. Fine-tuning at the defaults ended +2.0% to +2.7% above AdamW's held-out
+    loss on the demo's models, +1.2% to +1.7% with update_interval=2 (benchmarks/results/
+    2026-12-06-finetune-settings.md); from scratch loses more (+6.6% to +19.5%, tiny GPT-2-
+    and Llama-style models, 600 steps; a synchronous start, `full_warm_up_rounds`, shorter
+    windows and more selected columns narrow it): pre-train with AdamW, fine-tune with this
+    (2026-12-05-accuracy.md). A window's host result lands `update_lag` (1) steps into the
+    next window; raise it if stats()["stall_seconds_window_close"] grows.
 
     Parameters and groups. Parameters are updated in place and must stay where they are
     (no `.to()` after construction). Each group may have its own `lr` (schedulers from
