@@ -1437,3 +1437,189 @@ TEST(AccumulateKernel, LargeRunWithFreshAndOpenAccumulatorsMatchesDefinition) {
 }
 
 }  // namespace
+
+// ---- the window's last accumulate fused into its update (engine: the closing step) ----
+
+namespace {
+
+// Fused (AdamStepArgs::fuse_accumulate), a step gives, at every level, the bits of the
+// accumulate storing fma(g, s, A) (or into zeros) and a plain step reading that fp32 value
+// back: master, m, v and the output copy, the output written over the gradient it reads (the
+// engine's U) or elsewhere, streamed or not, prefetched or not, for every gradient and output
+// dtype and tails of every length. The accumulator is only read.
+TEST(FusedAccumulateStep, EqualsAccumulateThenStepBitForBit) {
+  std::vector<const zf::simd::KernelTable*> tables = {zf::simd::kernel_table_scalar()};
+#if defined(ZENFLOW_HAVE_X86_SIMD)
+  if (zf_simd_level_supported() >= ZF_SIMD_AVX2) tables.push_back(zf::simd::kernel_table_avx2());
+  if (zf_simd_level_supported() >= ZF_SIMD_AVX512) tables.push_back(zf::simd::kernel_table_avx512());
+#endif
+  const zf_adam_hparams hparams{0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW};
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const zf::simd::KernelTable* table : tables) {
+    for (zf_dtype grad_dtype : kFloatTypes) {
+      for (int out_kind = -1; out_kind < 3; ++out_kind) {  // -1: no output copy
+        for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{16}, int64_t{37}, int64_t{131}}) {
+          const auto n = static_cast<size_t>(count);
+          std::vector<float> master(n), m(n), v(n), acc(n);
+          Buffer grad(grad_dtype, n);
+          for (size_t e = 0; e < n; ++e) {
+            master[e] = normal(rng);
+            m[e] = 0.1f * normal(rng);
+            v[e] = std::fabs(0.01f * normal(rng));
+            acc[e] = 3.0f * normal(rng);
+            grad.set(e, 2.0f * normal(rng));
+          }
+          if (n > 2) grad.set(1, -0.0f), acc[2] = -0.0f;
+          const std::vector<float> acc_before = acc;
+          for (const bool fresh : {true, false}) {
+            for (const bool stream : {false, true}) {
+              const bool prefetch = stream;
+              zf::simd::AdamStepArgs base{};
+              base.out_dtype = out_kind < 0 ? ZF_DTYPE_F32 : kFloatTypes[out_kind];
+              base.stream_out = stream;
+              base.prefetch = prefetch;
+              base.grad_scale = 0.25f;
+              base.scalars = scalars_for(hparams, kLr, kWeightDecay, 3);
+              // the unfused passes: accumulate into A (a fresh one: written as adding into zeros)
+              std::vector<float> summed = fresh ? std::vector<float>(n, std::nanf("")) : acc;
+              table->accumulate(summed.data(), grad.data(), grad_dtype, count, -1.5f, fresh, false);
+              std::vector<float> p1 = master, m1 = m, v1 = v;
+              Buffer out1(base.out_dtype, n);
+              zf::simd::AdamStepArgs plain = base;
+              plain.param = p1.data(), plain.exp_avg = m1.data(), plain.exp_avg_sq = v1.data();
+              plain.grad = summed.data(), plain.grad_dtype = ZF_DTYPE_F32;
+              plain.out = out_kind < 0 ? nullptr : out1.data();
+              table->adam_step(plain, count);
+              // fused, into a separate output and in place over the gradient
+              for (const bool in_place : {false, true}) {
+                if (in_place && (out_kind < 0 || base.out_dtype != grad_dtype)) continue;
+                std::vector<float> p2 = master, m2 = m, v2 = v;
+                Buffer out2(base.out_dtype, n), grad_copy = grad;
+                out2.poison();
+                zf::simd::AdamStepArgs fused = base;
+                fused.param = p2.data(), fused.exp_avg = m2.data(), fused.exp_avg_sq = v2.data();
+                fused.grad = in_place ? out2.data() : grad_copy.data();
+                if (in_place) out2 = grad;
+                fused.grad = in_place ? out2.data() : grad_copy.data();
+                fused.grad_dtype = grad_dtype;
+                fused.out = out_kind < 0 ? nullptr : out2.data();
+                fused.fuse_accumulate = true;
+                fused.accumulator = fresh ? nullptr : acc.data();
+                fused.accumulate_scale = -1.5f;
+                table->adam_step(fused, count);
+                const std::string what = std::string(zf_simd_level_name(table->level)) + " grad " +
+                                         zf_dtype_name(grad_dtype) + " out " + std::to_string(out_kind) + " count " +
+                                         std::to_string(count) + (fresh ? " fresh" : " open") +
+                                         (stream ? " streamed" : "") + (in_place ? " in place" : "");
+                EXPECT_TRUE(same_bits(p1, p2) && same_bits(m1, m2) && same_bits(v1, v2)) << what;
+                if (out_kind >= 0) EXPECT_TRUE(out1.bitwise_equal(out2)) << what;
+                EXPECT_TRUE(same_bits(acc, acc_before)) << what << ": the accumulator was written";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The column step plan fused, as the engine's window update runs it: the packed gradient in
+// the packed output (U) itself, a fresh matrix and one with an accumulator, a pool of 3
+// threads over more than 4M elements (streamed output, prefetched reads), at every level:
+// the bits of the accumulate plan and then the plain plan on the accumulators.
+TEST(FusedAccumulateStep, ColumnPlanInPlaceEqualsAccumulateThenStep) {
+  const int64_t rows = 1031, cols = 2053;
+  const size_t n = static_cast<size_t>(rows * cols);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal;
+  std::vector<int32_t> selected = {0, 5, 6, 700, 2052};
+  const auto deferred = static_cast<size_t>(rows * (cols - static_cast<int64_t>(selected.size())));
+  Buffer packed(ZF_DTYPE_BF16, 2 * deferred);
+  for (size_t e = 0; e < packed.size(); ++e) packed.set(e, normal(rng));
+  std::vector<float> state_init(2 * n);  // per matrix: master, then A
+  for (float& x : state_init) x = normal(rng);
+  const zf_adam_hparams hparams{0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW};
+  zf::ThreadPool pool(3);
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    struct Run {
+      std::vector<float> master, m, v, acc[2];
+      std::vector<int32_t> steps;
+      Buffer out;
+    };
+    auto fresh_run = [&]() {
+      Run r;
+      for (int i = 0; i < 2; ++i) r.acc[i].assign(state_init.begin() + static_cast<ptrdiff_t>(n), state_init.end());
+      r.master.assign(state_init.begin(), state_init.begin() + static_cast<ptrdiff_t>(n));
+      r.master.insert(r.master.end(), state_init.begin(), state_init.begin() + static_cast<ptrdiff_t>(n));
+      r.m.assign(2 * n, 0.01f);
+      r.v.assign(2 * n, 0.02f);
+      r.steps.assign(static_cast<size_t>(2 * cols), 4);
+      r.out = Buffer(ZF_DTYPE_BF16, 2 * deferred);
+      return r;
+    };
+    Run plain = fresh_run(), fused = fresh_run();
+    std::vector<int32_t> sel = selected;
+    // two matrices: [0] fresh (its A holds nothing), [1] open (A holds earlier steps)
+    auto states = [&](Run& r, std::vector<zf_column_state>* s, std::vector<zf_tensor>* accs) {
+      for (int i = 0; i < 2; ++i) {
+        zf_column_state c{};
+        const size_t own = static_cast<size_t>(i) * n;  // each matrix its own state
+        c.master = contiguous_tensor(r.master.data() + own, ZF_DTYPE_F32, {cols, rows});
+        c.exp_avg = contiguous_tensor(r.m.data() + own, ZF_DTYPE_F32, {cols, rows});
+        c.exp_avg_sq = contiguous_tensor(r.v.data() + own, ZF_DTYPE_F32, {cols, rows});
+        c.steps = contiguous_tensor(r.steps.data() + i * cols, ZF_DTYPE_I32, {cols});
+        s->push_back(c);
+        accs->push_back(contiguous_tensor(r.acc[i].data(), ZF_DTYPE_F32, {cols, rows}));
+      }
+    };
+    // Each matrix is a plan of its own (the engine runs one matrix per call).
+    for (int i = 0; i < 2; ++i) {
+      const bool fresh = i == 0;
+      std::vector<zf_column_state> ps, fs;
+      std::vector<zf_tensor> pa, fa;
+      states(plain, &ps, &pa);
+      states(fused, &fs, &fa);
+      zf_tensor sel_t = contiguous_tensor(sel.data(), ZF_DTYPE_I32, {static_cast<int64_t>(sel.size())});
+      const size_t at = static_cast<size_t>(i) * deferred;
+      // unfused: accumulate the packed gradient into A, then the plain plan on A
+      zf_tensor packed_t = contiguous_tensor(static_cast<uint16_t*>(packed.data()) + at, ZF_DTYPE_BF16,
+                                             {static_cast<int64_t>(deferred)});
+      zf::AccumulatePlan accumulate;
+      accumulate.build(&pa[static_cast<size_t>(i)], &sel_t, 1, &packed_t);
+      const uint8_t overwrite = fresh ? 1 : 0;
+      accumulate.run(pool, &pa[static_cast<size_t>(i)], packed_t.data, -0.5f, &overwrite);
+      zf_tensor out_plain = contiguous_tensor(static_cast<uint16_t*>(plain.out.data()) + at, ZF_DTYPE_BF16,
+                                              {static_cast<int64_t>(deferred)});
+      zf::ColumnStepPlan step;
+      step.build(&ps[static_cast<size_t>(i)], &sel_t, 1, &pa[static_cast<size_t>(i)], nullptr, &out_plain);
+      const double lr = kLr, wd = kWeightDecay;
+      zf::AdamRunValues values{&lr, &wd, hparams, 1.0f / 3.0f, ZF_CPU_ADAMW_INCREMENT_STEPS, 0};
+      zf::ColumnStepPointers pp{&ps[static_cast<size_t>(i)], &pa[static_cast<size_t>(i)], nullptr, out_plain.data};
+      step.run(pool, pp, values);
+      // fused: the packed gradient copied into U, the plan reading and writing U
+      uint16_t* u = static_cast<uint16_t*>(fused.out.data()) + at;
+      std::memcpy(u, static_cast<uint16_t*>(packed.data()) + at, deferred * 2);
+      zf_tensor u_t = contiguous_tensor(u, ZF_DTYPE_BF16, {static_cast<int64_t>(deferred)});
+      zf::ColumnStepPlan fused_step;
+      fused_step.build(&fs[static_cast<size_t>(i)], &sel_t, 1, nullptr, &u_t, &u_t);
+      const float* accumulator = fresh ? nullptr : fused.acc[i].data();
+      zf::ColumnStepPointers fp{&fs[static_cast<size_t>(i)], nullptr, u, u};
+      fp.fuse_accumulate = true;
+      fp.accumulators = &accumulator;
+      values.accumulate_scale = -0.5f;
+      fused_step.run(pool, fp, values);
+    }
+    const char* name = zf_simd_level_name(level);
+    EXPECT_TRUE(same_bits(plain.master, fused.master)) << name;
+    EXPECT_TRUE(same_bits(plain.m, fused.m)) << name;
+    EXPECT_TRUE(same_bits(plain.v, fused.v)) << name;
+    EXPECT_EQ(plain.steps, fused.steps) << name;
+    EXPECT_TRUE(plain.out.bitwise_equal(fused.out)) << name;
+    EXPECT_TRUE(std::equal(fused.acc[1].begin(), fused.acc[1].end(), state_init.begin() + static_cast<ptrdiff_t>(n)))
+        << name << ": the accumulator was written";
+  }
+}
+
+}  // namespace

@@ -59,6 +59,9 @@ struct RunOptions {
   bool release = false;
   bool fp16_overflow = false;
   int64_t update_interval = 3;
+  int64_t update_lag = 1;  // the default: an overlapped result lands a step into the next window
+  // false: every closing step accumulates as any other (the unfused passes, issue 29)
+  bool fuse = true;
   bool clip = true;
   bool sync_every_step = true;  // false: the lanes run on across steps; only the end is kept
   int64_t save_at = 0;          // > 0: a save (discarded) after this step
@@ -85,6 +88,7 @@ zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOp
       if (simulated != nullptr) *simulated = backend.get();
       zf::testing::use_backend(engine.get(), std::move(backend));
     }
+    if (!o.fuse) zf::testing::set_fuse_window_close(engine.get(), false);
     return engine;
   }
   zenflow::Engine engine = engine_in_parts(model, c, o.parts);
@@ -95,6 +99,7 @@ zenflow::Engine make_engine(Model& model, const zf_engine_config& c, const RunOp
           engine.get(), std::make_unique<SimulatedAsyncBackend>(o.seed + 101 * d, o.eagerness, o.slow_copies, world),
           d);
   }
+  if (!o.fuse) zf::testing::set_fuse_window_close(engine.get(), false);
   return engine;
 }
 
@@ -173,6 +178,7 @@ std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
   zf_engine_config c = zf_engine_test::test_config();
   c.topk_ratio = 0.3;
   c.update_interval = o.update_interval;
+  c.update_lag = o.update_lag;
   c.overlap_step = o.overlap ? 1 : 0;
   c.select_strategy = ZF_SELECT_STEP;
   c.select_interval = 4;
@@ -290,6 +296,111 @@ TEST_P(EngineLaneOrdering, AnyInterleavingMatchesTheHostBackendBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflow, EngineLaneOrdering,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Bool()));
+
+// Issue 29: a window's closing step packed into U and added to A inside the update (the fused
+// passes) gives the bits of the unfused ones (its accumulate, then the update reading A back),
+// on the host backend and on a simulated device in any interleaving: overlapped (landing a
+// step in, or at the next close, where the closing step finds U owed and is not fused) or
+// not, windows of 1, 2 and 3 steps and the adaptive rule, split steps (one discarded half
+// way), an fp16 overflow, released gradients, a readiness retake and a resume mid-window.
+class EngineFusedWindowClose : public ::testing::TestWithParam<std::tuple<bool, int64_t, int64_t>> {};
+
+TEST_P(EngineFusedWindowClose, FusingTheClosingStepChangesNoBit) {
+  RunOptions o;
+  std::tie(o.overlap, o.update_interval, o.update_lag) = GetParam();
+  for (int variant = 0; variant < 5; ++variant) {
+    RunOptions v = o;
+    v.split = variant == 1;
+    v.fp16_overflow = variant == 2;
+    v.release = variant == 3;
+    v.ready_retake = variant == 4;
+    v.fuse = false;
+    const auto unfused = trajectory(v);
+    v.fuse = true;
+    expect_same(unfused, trajectory(v), "fused, host backend");
+    v.resume_at = 5;
+    expect_same(unfused, trajectory(v), "fused, resumed after step 5");
+    v.resume_at = 0;
+    // The lanes running on across steps (no synchronisation but the end's): a closing step's
+    // copy down into U must wait for the last result's copies up out of it.
+    RunOptions running = v;
+    running.sync_every_step = false;
+    running.fuse = false;
+    const auto unfused_running = trajectory(running);
+    running.fuse = true;
+    v.simulated = running.simulated = true;
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      v.seed = running.seed = seed;
+      v.eagerness = running.eagerness = seed == 1 ? 0 : (seed == 2 ? 100 : 30);
+      v.slow_copies = running.slow_copies = seed != 2;
+      expect_same(unfused, trajectory(v), "fused, simulated device");
+      expect_same(unfused_running, trajectory(running), "fused, simulated device running on");
+    }
+    if (HasFatalFailure()) {
+      ADD_FAILURE() << "variant " << variant;
+      return;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapIntervalLag, EngineFusedWindowClose,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{0}),
+                                            ::testing::Values(int64_t{0}, int64_t{1})));
+
+// The closing step is fused exactly where U is free: the host lane's bytes, per deferred
+// element and window, are those of the fused passes ((g + 8) S + 16 + w) with the defaults
+// (windows of 3, landing a step in) and with overlap off, and those of the unfused ones
+// ((g + 8) S + 24 + w) where the previous result is still owed at the closing step (windows
+// of one step overlapped, or a landing at the next close: there only the first window after
+// a flush is fused), or with fusing turned off. Four windows are counted, after a flush.
+TEST(EngineFusedWindowClose, FusedWhereverTheUploadBufferIsFree) {
+  struct Case {
+    bool overlap;
+    int64_t interval, lag;
+    bool fuse;
+    int64_t fused_windows;
+  };
+  const Case cases[] = {{true, 3, 1, true, 4}, {false, 3, 1, true, 4}, {false, 1, 1, true, 4}, {true, 1, 1, true, 1},
+                        {true, 3, 0, true, 1}, {true, 3, 1, false, 0}, {false, 2, 0, true, 4}};
+  for (const Case& k : cases) {
+    Model model = standard_model(ZF_DTYPE_BF16, 11);
+    zf_engine_config c = zf_engine_test::test_config();
+    c.topk_ratio = 0.3;
+    c.update_interval = k.interval;
+    c.update_lag = k.lag;
+    c.overlap_step = k.overlap ? 1 : 0;
+    c.select_strategy = ZF_SELECT_STEP;
+    c.select_interval = 0;  // one selection: every window has the same deferred columns
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
+    if (!k.fuse) zf::testing::set_fuse_window_close(engine.get(), false);
+    const int64_t windows = 4;
+    zf_engine_stats before{};
+    for (int64_t t = 1; t <= (windows + 1) * k.interval; ++t) {
+      std::vector<HostTensor> grads = make_grads(model, t, true, 3);
+      engine.step(tensors_of(grads), step_lrs(model, t));
+      if (t == k.interval) {  // after the first window (its selection)
+        engine.flush();
+        before = engine.stats();
+      }
+    }
+    engine.flush();
+    const zf_engine_stats after = engine.stats();
+    int64_t deferred = 0, columns = 0;
+    for (size_t i = 0; i < model.params.size(); ++i) {
+      if (!model.matrix(i)) continue;
+      const int64_t cols = model.params[i].cols(), rows = model.params[i].numel() / cols;
+      const int64_t k_cols = std::max<int64_t>(1, static_cast<int64_t>(0.3 * static_cast<double>(cols)));
+      deferred += rows * (cols - k_cols);
+      columns += cols - k_cols;
+    }
+    const int64_t moved = after.host_lane_bytes_read + after.host_lane_bytes_written - before.host_lane_bytes_read -
+                          before.host_lane_bytes_written - 8 * columns * windows;
+    const int64_t unfused = (2 + 8) * k.interval + 24 + 2;  // bf16 gradients and weights
+    EXPECT_EQ(moved, (unfused * windows - 8 * k.fused_windows) * deferred)
+        << "overlap " << k.overlap << " interval " << k.interval << " lag " << k.lag << " fuse " << k.fuse;
+  }
+}
 
 TEST(EngineLaneOrdering, AStepRetakenByReadinessMatchesThePlainStepInAnyInterleaving) {
   RunOptions o;

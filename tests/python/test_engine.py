@@ -800,9 +800,12 @@ def test_stats_keys_and_values():
 def test_host_lane_bytes_follow_the_formula(interval, dtype):
     """Per deferred element and window of S steps, with g the gradient's bytes and w the
     weights' (here both the parameter dtype): a window's first accumulate reads g and writes
-    the fp32 accumulator A (4), the S - 1 others read g and A and write A (g + 8 each); the
-    update reads A, master, m, v (16) and writes master, m, v (12) and the upload copy (w),
-    and A is not zeroed. Per deferred column, its int32 step count is read and written."""
+    the fp32 accumulator A (4), the next ones up to the window's last read g and A and write A
+    (g + 8 each); the closing step is packed into the upload copy and fused into the update,
+    which reads its g there, A (unless S = 1: nothing was accumulated), master, m, v, and
+    writes master, m, v (12) and the upload copy (w) over it; A is not zeroed. Per deferred
+    column, its int32 step count is read and written. Issue 29's floor, 10 (S - 1) + 28 for
+    bf16: 58 B at S = 4 (74 B with A read at the first step and zeroed, 66 B unfused)."""
     shapes = [(16, 40), (8, 24), (5, 13)]
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
@@ -817,12 +820,14 @@ def test_host_lane_bytes_follow_the_formula(interval, dtype):
     size = torch.tensor([], dtype=dtype).element_size()
     deferred = sum(r * (c - max(1, c // 4)) for r, c in shapes)
     columns = sum(c - max(1, c // 4) for r, c in shapes)
-    read = deferred * (size * interval + 4 * (interval - 1) + 16) + 4 * columns
-    written = deferred * (4 * interval + 12 + size) + 4 * columns
+    read = deferred * (size * interval + 4 * (interval - 1) + 12) + 4 * columns
+    written = deferred * (4 * (interval - 1) + 12 + size) + 4 * columns
     assert stats["host_lane_bytes_read"] == windows * read
     assert stats["host_lane_bytes_written"] == windows * written
-    if dtype == torch.bfloat16 and interval == 4:  # 74 B before (A read at the first step, zeroed)
-        assert (read + written - 8 * columns) / deferred == 66
+    per_window = (read + written - 8 * columns) / deferred
+    assert per_window == (size + 8) * interval + 16 + size
+    if dtype == torch.bfloat16:
+        assert per_window == 10 * (interval - 1) + 28
 
 
 # ---- the stream passed with each call ----

@@ -348,6 +348,7 @@ void Engine::setup_buckets_and_memory() {
              backend_->host_visible());
   staging_offset_ = take(ring_.device_bytes());
   ring_.place(arena_.base_address(), staging_offset_);
+  closing_header_offset_ = take(kSlotHeaderBytes);
   // release_gradients: per bucket, a region of its matrices' selected columns in the
   // gradient's dtype, one matrix after the other.
   for (Bucket& b : buckets_) {
@@ -390,7 +391,10 @@ void Engine::ensure_host_memory() {
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
   ring_.allocate(backend_.get());
-  upload_ = PinnedBuffer(backend_.get(), upload_bytes_);
+  // U, then the closing step's header (CUDA copies it down there; the host backend reads it
+  // in the engine's memory).
+  closing_header_at_ = (upload_bytes_ + 63) / 64 * 64;
+  upload_ = PinnedBuffer(backend_.get(), closing_header_at_ + (backend_->host_visible() ? 0 : kSlotHeaderBytes));
   scalar_readback_.allocate(backend_.get());
   host_memory_ready_ = true;
 }

@@ -184,6 +184,8 @@ class Engine {
   // before the first step or load, with no device memory attached.
   void replace_backend_for_testing(std::unique_ptr<Backend> backend);
   void synchronize_backend() { backend_->synchronize(); }
+  // Testing: false makes every closing step accumulate as any other step (the unfused form).
+  void set_fuse_window_close_for_testing(bool fuse) { fuse_window_close_ = fuse; }
   // Testing: the capacity of the host state and the pinned buffers, in bytes.
   size_t host_memory_capacity() const;
   // Testing: the buckets as [first matrix, last matrix), dtype, bytes with nothing selected.
@@ -243,6 +245,9 @@ class Engine {
     size_t bucket = 0;
     size_t upload_offset = 0;  // bytes into U (this matrix's packed columns, param dtype)
     ColumnStepPlan update_plan;
+    // The window update with its last accumulate fused in: the packed gradient read from U,
+    // where the closing step's pack left it, and the result written back over it.
+    ColumnStepPlan fused_update_plan;
     // The columns this rank owns, [own_lo, own_lo + own_cols): all of them on one engine. The
     // host state covers only them ([own_cols, rows]); own_selected are the selected ones among
     // them, minus own_lo (the host plans' indices).
@@ -335,6 +340,15 @@ class Engine {
   // bucket's deferred gradient columns into the device slot. On the host backend the two are
   // one slot (device == host).
   StagingRing::Slot pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
+  // The window's closing step (docs/design.md section 5, "Host lane traffic"): its deferred
+  // columns go into U, where the window's update reads them in place, with no accumulate.
+  // Decided once per step, before its first pack: the schedule says the step closes its
+  // window, and no result is owed (U is free until the update writes it).
+  bool closing_step_into_upload() const;
+  void pack_into_upload(Bucket& bucket, const zf_tensor* grads);
+  // The step's header (gradient scale, skip flag) for the fused update, after its packs.
+  void write_closing_header(const StepScalars* scalars);
+  const uint8_t* closing_header() const;
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
@@ -356,7 +370,8 @@ class Engine {
   void upload(void* device, const void* host, size_t bytes);
   std::vector<uint8_t> download_param(size_t index);
   void close_window(bool warm_up);
-  void start_update();
+  // `fused`: the window's closing step was packed into U (closing_into_upload_).
+  void start_update(bool fused);
   void finish_update(double* stall);
   void flush_internal();
   void flush_on_every_rank();
@@ -478,13 +493,14 @@ class Engine {
   size_t staging_offset_ = 0, slot_bytes_ = 0, upload_buffer_offset_ = 0, device_state_bytes_ = 0, col_sq_offset_ = 0,
          col_sq_floats_ = 0, matrix_col_floats_ = 0, scalars_offset_ = 0, stats_workspace_offset_ = 0,
          stats_workspace_bytes_ = 0, selected_offset_ = 0, selected_bytes_ = 0, flags_offset_ = 0,
-         total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0, partials_offset_ = 0;
+         total_sink_offset_ = 0, chunk_sums_offset_ = 0, scalar_ring_offset_ = 0, partials_offset_ = 0,
+         closing_header_offset_ = 0;
   DeviceArena arena_;  // every device region below lives in its one block
   bool initialized_ = false;
 
   // host buffers: the ones a copy lane touches are pinned
-  PinnedBuffer upload_;  // U
-  size_t upload_bytes_ = 0;
+  PinnedBuffer upload_;  // U, then (CUDA) the closing step's header at closing_header_at_
+  size_t upload_bytes_ = 0, closing_header_at_ = 0;
   ScalarReadback scalar_readback_;  // the step scalars on their way to the host
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
@@ -510,6 +526,11 @@ class Engine {
   // within the step before end_step). Their host accumulates are queued by end_step, after the
   // slots' headers (the step's scale is known only then); abort_step drops them.
   bool early_ = false;
+  // This step closes its window and packs into U (closing_step_into_upload); the header's
+  // copy down, which the fused update waits for (CUDA).
+  bool closing_into_upload_ = false;
+  bool fuse_window_close_ = true;
+  Event closing_copied_;
   std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet
   std::vector<uint8_t> bucket_early_;   // per bucket: packed and copied at submit
   std::vector<size_t> early_buckets_;   // those buckets, in the order they went

@@ -315,6 +315,10 @@ int host_lane_threads(const zf_engine* engine, size_t device) { return engine->e
 void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend, size_t device) {
   engine->engine.engine(device).replace_backend_for_testing(std::move(backend));
 }
+void set_fuse_window_close(zf_engine* engine, bool fuse) {
+  for (size_t d = 0; d < engine->engine.device_count(); ++d)
+    engine->engine.engine(d).set_fuse_window_close_for_testing(fuse);
+}
 size_t host_memory_capacity(const zf_engine* engine) {
   size_t bytes = 0;
   for (size_t d = 0; d < engine->engine.device_count(); ++d) bytes += engine->engine.engine(d).host_memory_capacity();

@@ -68,6 +68,14 @@ class Schedule {
   // host update lands now (update_lag L >= 1, the window's L-th step). The rule reads only
   // the step count, so the landing step never depends on the host's speed.
   bool update_lands() const { return config_.update_lag > 0 && window_steps_ == config_.update_lag; }
+  // Before begin_step: true when the next step, if it is not skipped, closes its window for
+  // certain: a warm-up step, a fixed window's S-th step, or an adaptive window's step at
+  // max_update_interval (the auto rule may close one earlier, which is not known before).
+  bool next_step_closes() const {
+    if (step_ < config_.warm_up_rounds) return true;
+    const int64_t bound = config_.update_interval > 0 ? config_.update_interval : config_.max_update_interval;
+    return window_steps_ + 1 >= bound;
+  }
 
   // The auto rule for one matrix (the header comment); false for a matrix not counted.
   static bool matrix_due(const MatrixEnergy& energy, int64_t steps_in_window);

@@ -239,6 +239,7 @@ void Engine::rebuild_plans() {
       grad.data = m.acc[0].data();
       const zf_tensor out = host_tensor(upload_.data() + m.upload_offset, b.dtype, {placed.elements()});
       m.update_plan.build(&state, &b.selected_tensors[i - b.first], 1, &grad, nullptr, &out);
+      m.fused_update_plan.build(&state, &b.selected_tensors[i - b.first], 1, nullptr, &out, &out);
     }
     const zf_tensor packed = host_tensor(ring_.host_slot(0) + kSlotHeaderBytes, b.dtype, {layout.total()});
     b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);

@@ -59,6 +59,12 @@ class StagingRing {
   // host slot (the ring forgets it: the caller waits for it before using the slot), or
   // nullptr.
   Slot next(std::shared_ptr<WorkJob>* busy);
+  // The next device slot alone (CUDA: a closing step's pack, copied down into U).
+  size_t next_device() {
+    const size_t slot = next_device_;
+    next_device_ = (next_device_ + 1) % copied_.size();
+    return slot;
+  }
   // The device slot's last copy down (nullptr: none, or complete); the slot is free after it.
   const Event& copied(size_t device_slot) const { return copied_[device_slot]; }
   void set_copied(size_t device_slot, Event copied) { copied_[device_slot] = std::move(copied); }

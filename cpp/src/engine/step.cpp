@@ -22,6 +22,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_t lr_count) {
   if (agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); }))
     return step_as_split(grads, lrs, lr_count);
+  closing_into_upload_ = closing_step_into_upload();
   run_step(grads, lrs, false);
 }
 
@@ -94,6 +95,7 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   // data-parallel one reduces each bucket as it fills, then takes its statistics and (but at
   // a selection step) packs and copies it down.
   early_ = !next_step_selects() && !parallel();
+  closing_into_upload_ = closing_step_into_upload();
   if (early_ || parallel()) start_split_reductions();
   in_split_step_ = true;
 }
@@ -377,15 +379,19 @@ StagingRing::Slot Engine::pack_into_next_slot(Bucket& b, const zf_tensor* grads)
 
 void Engine::defer_bucket_early(Bucket& b) {
   if (b.packed_bytes == 0) return;
-  const StagingRing::Slot slot = pack_into_next_slot(b, submitted_.data());
-  if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
-    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(ring_.host_slot(slot.host) + kSlotHeaderBytes,
-                        ring_.device_slot(slot.device) + kSlotHeaderBytes, b.packed_bytes);
-    ring_.set_copied(slot.device, backend_->record(Lane::kDown));
+  if (closing_into_upload_) {
+    pack_into_upload(b, submitted_.data());
+  } else {
+    const StagingRing::Slot slot = pack_into_next_slot(b, submitted_.data());
+    if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
+      backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+      backend_->copy_down(ring_.host_slot(slot.host) + kSlotHeaderBytes,
+                          ring_.device_slot(slot.device) + kSlotHeaderBytes, b.packed_bytes);
+      ring_.set_copied(slot.device, backend_->record(Lane::kDown));
+    }
+    b.early_slot = slot.host;
+    b.early_device_slot = slot.device;
   }
-  b.early_slot = slot.host;
-  b.early_device_slot = slot.device;
   const size_t index = static_cast<size_t>(&b - buckets_.data());
   bucket_early_[index] = 1;
   early_buckets_.push_back(index);
@@ -399,6 +405,10 @@ void Engine::release_early_buckets(const StepScalars* scalars) {
   // only after its last copy down), then their accumulates, which wait for the headers'
   // event: it was recorded on the down lane after the bodies, so it covers both copies.
   if (early_buckets_.empty()) return;
+  if (closing_into_upload_) {  // packed into U: the fused update reads them, after one header
+    early_buckets_.clear();
+    return;
+  }
   for (size_t index : early_buckets_)
     backend_->copy_device(ring_.device_slot(buckets_[index].early_device_slot), &scalars->grad_scale,
                           sizeof(SlotHeader));
@@ -420,6 +430,7 @@ void Engine::release_early_buckets(const StepScalars* scalars) {
 
 void Engine::cancel_early_buckets() {
   early_ = false;
+  closing_into_upload_ = false;  // what a failed step left in U is never read
   early_buckets_.clear();
   bucket_early_.assign(buckets_.size(), 0);
   // The step is over (taken, refused or dropped): nothing of its gradients is held.
@@ -742,6 +753,7 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
   for (Bucket& b : buckets_) {
     if (bucket_early_.empty() || !bucket_early_[static_cast<size_t>(&b - buckets_.data())]) defer_bucket(b, grads);
   }
+  if (closing_into_upload_) write_closing_header(scalars);
   if (!buckets_.empty()) {
     window_.add_step(step_lrs_, groups_, hparams_);  // its host update runs with its last step's values
   }
@@ -751,7 +763,12 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
 }
 
 void Engine::step_close(int64_t due, int64_t counted) {
-  if (schedule_.end_step(due, counted)) {
+  const bool closes = schedule_.end_step(due, counted);
+  // The closing step's pack into U was decided from the schedule before the step; a window
+  // that stayed open would lose that step's gradient.
+  require(closes || !closing_into_upload_, ZF_ERROR_INTERNAL,
+          "step: the schedule kept open a window whose closing step was packed into the upload buffer");
+  if (closes) {
     close_window(step_kind_.warm_up);
   } else if (config_.overlap_step && !step_kind_.warm_up && schedule_.update_lands()) {
     finish_update(&stall_close_);  // the previous window's result goes up update_lag steps in
@@ -801,6 +818,11 @@ void Engine::window_bookkeeping(bool warm_up, int64_t* due, int64_t* counted) {
 
 void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
+  if (closing_into_upload_) {
+    pack_into_upload(b, grads);
+    add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
+    return;
+  }
   const StagingRing::Slot slot = pack_into_next_slot(b, grads);
   uint8_t* at = ring_.device_slot(slot.device);
   const auto* scalars = reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_);
@@ -814,6 +836,54 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   }
   ring_.set_job(slot.host, submit_slot_accumulate(b, slot.host, copied));
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
+}
+
+bool Engine::closing_step_into_upload() const {
+  // U is free from the landing of the last result until the next update writes it. With the
+  // defaults (windows of 4, landing a step in) every window's closing step finds it free; one
+  // whose previous result is still owed (windows of one step with overlap, or a landing at
+  // the next close) accumulates as any other step. Either way the update computes the same
+  // bits: only the host lane's passes differ.
+  return fuse_window_close_ && !buckets_.empty() && !window_.pending() && schedule_.next_step_closes();
+}
+
+void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
+  // The window's closing step: the bucket's deferred columns go where its window's result is
+  // written, in U's layout (the staging slot's), and the window update reads each element
+  // there before writing its result over it: no accumulate reads the slot and writes A, and
+  // the update does not read A back for this step (issue 29's floor).
+  bind_gradients(b, grads);
+  uint8_t* in_upload = upload_.data() + b.upload_offset;
+  if (backend_->host_visible()) {  // the host backend's "device" memory is the host's
+    backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), in_upload);
+    return;
+  }
+  const size_t device = ring_.next_device();
+  backend_->wait(Lane::kCompute, ring_.copied(device));  // its last copy down has read it
+  uint8_t* at = ring_.device_slot(device) + kSlotHeaderBytes;
+  backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), at);
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  // The last result's copies up have read U (implied today: the compute lane waited for each
+  // before its scatter, and the pack above follows those; explicit, so as not to rest on it).
+  backend_->wait(Lane::kDown, window_.uploaded());
+  backend_->copy_down(in_upload, at, b.packed_bytes);
+  ring_.set_copied(device, backend_->record(Lane::kDown));
+}
+
+void Engine::write_closing_header(const StepScalars* scalars) {
+  // One header for every bucket of the step (they share its scalars), after every pack's copy
+  // down on the down lane: its event covers them all.
+  uint8_t* device_header = arena_.base() + closing_header_offset_;
+  backend_->copy_device(device_header, &scalars->grad_scale, sizeof(SlotHeader));
+  closing_copied_ = nullptr;
+  if (backend_->host_visible()) return;
+  backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+  backend_->copy_down(upload_.data() + closing_header_at_, device_header, sizeof(SlotHeader));
+  closing_copied_ = backend_->record(Lane::kDown);
+}
+
+const uint8_t* Engine::closing_header() const {
+  return backend_->host_visible() ? arena_.base() + closing_header_offset_ : upload_.data() + closing_header_at_;
 }
 
 void Engine::quiesce_host_lane() {
@@ -838,11 +908,15 @@ void Engine::wait_all_slots(double* stall) {
 
 // ---- windows ----
 
-void Engine::start_update() {
+void Engine::start_update(bool fused) {
   // The host AdamW of the deferred columns on A / steps_accumulated, one chunk per matrix,
   // writing the upload copy U. A is not zeroed: the window's first accumulate overwrites it
-  // (acc_fresh), which saves a write per element here and a read there.
+  // (acc_fresh), which saves a write per element here and a read there. Fused, the closing
+  // step's packed gradient is in U: the update adds it to A (or to zeros, in a window whose
+  // A holds nothing) as that step's accumulate would have, in registers.
   std::vector<WorkQueue::Chunk> chunks;
+  const uint8_t* header = fused ? closing_header() : nullptr;
+  const Event header_copied = closing_copied_;
   const int acc = window_.filling();
   const float scale = 1.0f / static_cast<float>(window_.steps());
   // The whole window streams through the cache one matrix after the other: each call
@@ -863,26 +937,44 @@ void Engine::start_update() {
     const zf_adam_hparams hparams = window_.hparams();
     Backend* backend = backend_.get();
     const Event uploaded = window_.uploaded();  // U is still being copied up until then
-    chunks.push_back(
-        [this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements](ThreadPool& pool) {
-          backend->host_wait(uploaded);
-          const zf_column_state state = host_state(m, true);
-          zf_tensor grad = state.exp_avg;
-          grad.data = m.acc[acc].data();
-          ColumnStepPointers pointers{&state, &grad, nullptr, out};
-          AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
-          m.update_plan.run(pool, pointers, values);
-          m.acc_fresh[acc] = 1;
-          // Per deferred element: A, master (when held), m, v read and written back but A;
-          // the upload copy written in the weights' dtype; per column its step count.
-          const int64_t columns = m.own_cols - static_cast<int64_t>(m.own_selected.size());
-          const int64_t deferred = m.rows * columns;
-          const int64_t fields = state.master.data != nullptr ? 3 : 2;
-          host_bytes_read_.fetch_add(4 * deferred * (1 + fields) + 4 * columns, std::memory_order_relaxed);
-          host_bytes_written_.fetch_add(
-              4 * deferred * fields + deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + 4 * columns,
-              std::memory_order_relaxed);
-        });
+    chunks.push_back([this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements, header,
+                      header_copied](ThreadPool& pool) {
+      backend->host_wait(uploaded);
+      const zf_column_state state = host_state(m, true);
+      AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
+      // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
+      // master (when held), m, v read and written back but A; the upload copy written in
+      // the weights' dtype; per column its step count.
+      const int64_t columns = m.own_cols - static_cast<int64_t>(m.own_selected.size());
+      const int64_t deferred = m.rows * columns;
+      const int64_t fields = state.master.data != nullptr ? 3 : 2;
+      int64_t gradient_read = 4 * deferred;
+      SlotHeader h{};
+      if (header != nullptr) {
+        backend->host_wait(header_copied);
+        std::memcpy(&h, header, sizeof(h));
+      }
+      if (header != nullptr && !h.skip) {
+        const float* accumulator = m.acc_fresh[acc] ? nullptr : m.acc[acc].data();
+        ColumnStepPointers pointers{&state, nullptr, out, out};
+        pointers.fuse_accumulate = true;
+        pointers.accumulators = &accumulator;
+        values.accumulate_scale = h.grad_scale;
+        m.fused_update_plan.run(pool, pointers, values);
+        gradient_read =
+            deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + (accumulator != nullptr ? 4 * deferred : 0);
+      } else {
+        zf_tensor grad = state.exp_avg;
+        grad.data = m.acc[acc].data();
+        ColumnStepPointers pointers{&state, &grad, nullptr, out};
+        m.update_plan.run(pool, pointers, values);
+      }
+      m.acc_fresh[acc] = 1;
+      host_bytes_read_.fetch_add(gradient_read + 4 * deferred * fields + 4 * columns, std::memory_order_relaxed);
+      host_bytes_written_.fetch_add(
+          4 * deferred * fields + deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + 4 * columns,
+          std::memory_order_relaxed);
+    });
   }
   // Data parallel: a rank with no deferred column of its own still joins the all-gathers.
   const bool pending = parallel() ? any_deferred : !chunks.empty();
@@ -923,9 +1015,9 @@ void Engine::close_window(bool warm_up) {
   const bool had_steps = window_.steps() > 0;
   if (config_.overlap_step && !warm_up) {
     finish_update(&stall_close_);  // window w-1's result goes up now
-    if (had_steps) start_update();
+    if (had_steps) start_update(closing_into_upload_);
   } else if (had_steps) {
-    start_update();
+    start_update(closing_into_upload_);
     finish_update(&stall_close_);
   }
   if (!warm_up && had_steps) add_saturating(windows_, 1);
@@ -944,7 +1036,7 @@ void Engine::flush_internal() {
   double ignored = 0.0;
   finish_update(&ignored);
   if (window_.steps() > 0) {
-    start_update();
+    start_update(false);
     if (schedule_.step() > config_.full_warm_up_rounds) add_saturating(windows_, 1);
     finish_update(&ignored);
   }

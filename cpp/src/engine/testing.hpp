@@ -20,6 +20,9 @@ int host_lane_threads(const zf_engine* engine, size_t device = 0);
 void use_backend(zf_engine* engine, std::unique_ptr<Backend> backend, size_t device = 0);
 // Waits for every lane of the engine's backends (the host lanes excluded).
 void synchronize_backend(zf_engine* engine);
+// fuse false: every device's engine accumulates a window's closing step as any other step
+// and reads A back in the update (the unfused passes), instead of packing that step into U.
+void set_fuse_window_close(zf_engine* engine, bool fuse);
 // Bytes of host memory the engine's host state and pinned buffers hold (their capacity),
 // over its devices: 0 before the first step or load, this rank's share after.
 size_t host_memory_capacity(const zf_engine* engine);

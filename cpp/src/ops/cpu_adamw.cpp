@@ -459,6 +459,11 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
         has_packed_out_ ? element_pointer(pointers.packed_out, packed_out_dtype_, piece.out_offset + offset) : nullptr;
     args.out_dtype = packed_out_dtype_;
     args.scalars = scalars_[piece.scalars];
+    if (pointers.fuse_accumulate) {
+      args.fuse_accumulate = true;
+      args.accumulate_scale = values.accumulate_scale;
+      args.accumulator = pointers.accumulators[i] != nullptr ? pointers.accumulators[i] + element : nullptr;
+    }
     kernels.adam_step(args, length);
   });
 }

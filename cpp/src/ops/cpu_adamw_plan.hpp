@@ -149,6 +149,10 @@ struct AdamRunValues {
   // engine updates a window one matrix per call): decides, with the cache size, whether the
   // data comes from memory and the read streams are prefetched. 0: the call's own elements.
   int64_t working_set_elements = 0;
+  // A fused column step (ColumnStepPointers::fuse_accumulate): the packed gradient's own scale
+  // in the accumulate (the window's last step's gradient scale); grad_scale then applies to
+  // the sum.
+  float accumulate_scale = 1.0f;
 };
 
 // ---- zf_cpu_adamw_step: whole tensors ----
@@ -236,6 +240,13 @@ struct ColumnStepPointers {
   const zf_tensor* grads;        // [count] host-layout gradients, or nullptr for a packed-gradient plan
   void* packed_grads;            // the packed gradient, or nullptr for a host-layout-gradient plan
   void* packed_out;              // the packed output copy, or nullptr when the plan has none
+  // The window's last accumulate fused into its update (the engine; packed-gradient plans
+  // only): the gradient of an element is fma(packed, values.accumulate_scale, accumulator),
+  // with accumulators[i] matrix i's accumulator (fp32, the host layout, as the state; read
+  // only) or nullptr for +0.0f, and then times values.grad_scale: the bits of the accumulate
+  // storing it and a plain step reading it. packed_grads may be packed_out itself.
+  bool fuse_accumulate = false;
+  const float* const* accumulators = nullptr;
 };
 
 class ColumnStepPlan {
@@ -259,7 +270,8 @@ class ColumnStepPlan {
 
   // One step of the unselected columns. Requires data of the built shapes and dtypes, step
   // counts accepted by check_step_counts, values checked as for AdamwStepPlan::run (flags
-  // may add ZF_CPU_ADAMW_INCREMENT_STEPS) and no buffer overlapping another.
+  // may add ZF_CPU_ADAMW_INCREMENT_STEPS) and no buffer overlapping another (but a fused
+  // step's packed gradient and output, which may be one).
   void run(ThreadPool& pool, const ColumnStepPointers& pointers, const AdamRunValues& values);
 
  private:

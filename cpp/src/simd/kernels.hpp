@@ -26,6 +26,14 @@ struct AdamStepArgs {
   bool stream_out;   // a bf16/f16 `out` is written with non-temporal stores (large calls)
   bool prefetch;     // the read streams are prefetched ahead (calls larger than the cache)
   float grad_scale;  // applied to the gradient before anything else
+  // The window's last accumulate fused into its update (the engine's window close): the
+  // gradient is first fma(grad, accumulate_scale, accumulator[i]) -- +0.0f for a null
+  // accumulator -- as the accumulate kernel would have stored it, and that fp32 value is
+  // then scaled by grad_scale; the accumulator is read, never written. grad may be `out`
+  // itself (each element is read before it is written). Never with zero_grad.
+  bool fuse_accumulate;
+  const float* accumulator;  // fp32, indexed as param
+  float accumulate_scale;
   AdamStepScalars scalars;
 };
 

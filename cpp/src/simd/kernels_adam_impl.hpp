@@ -31,6 +31,13 @@ namespace {
 
 constexpr int kNoOutput = -1;
 
+// How a step forms its gradient (AdamStepArgs::fuse_accumulate): from `grad` alone, or as
+// the window's last accumulate would have left the accumulator, into a fresh one (+0.0f) or
+// into the one the window's earlier steps filled.
+constexpr int kGradAlone = 0;
+constexpr int kFuseIntoFresh = 1;
+constexpr int kFuseIntoAccumulator = 2;
+
 template <class Isa, int kDtype>
 typename Isa::F32 load_as_f32(const void* base, int64_t i) {
   if constexpr (kDtype == ZF_DTYPE_F32) {
@@ -65,6 +72,13 @@ void store_from_f32(void* base, int64_t i, typename Isa::F32 x) {
 
 constexpr size_t element_bytes(int dtype) { return dtype == ZF_DTYPE_F32 ? 4 : 2; }
 
+// The elements of `bytes_each` from `p` up to the next `alignment`-byte boundary, at most
+// count: the head a streamed store runs through the padded copy.
+inline int64_t alignment_head(const void* p, size_t alignment, size_t bytes_each, int64_t count) {
+  const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % alignment / bytes_each);
+  return misaligned == 0 ? 0 : std::min(count, static_cast<int64_t>(alignment / bytes_each) - misaligned);
+}
+
 // The step's software prefetch (adam_step_typed): how far ahead, in elements, and the fp32
 // elements of one 64-byte cache line.
 constexpr int64_t kPrefetchElements = 256;
@@ -74,10 +88,11 @@ constexpr int64_t kFloatsPerLine = 16;
 template <class Isa>
 struct AdamVectorScalars {
   using F32 = typename Isa::F32;
-  F32 grad_scale, l2, decay_factor, lerp_coeff, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+  F32 grad_scale, accumulate_scale, l2, decay_factor, lerp_coeff, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
   bool apply_l2, lerp_from_grad;
   explicit AdamVectorScalars(const zf::simd::AdamStepArgs& a)
       : grad_scale(Isa::set1(a.grad_scale)),
+        accumulate_scale(Isa::set1(a.accumulate_scale)),
         l2(Isa::set1(a.scalars.l2)),
         decay_factor(Isa::set1(a.scalars.decay_factor)),
         lerp_coeff(Isa::set1(a.scalars.lerp_coeff)),
@@ -91,10 +106,18 @@ struct AdamVectorScalars {
 };
 
 // kLanes elements starting at element i of every buffer of `a`.
-template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut = false>
+template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut = false, int kFuse = kGradAlone>
 void adam_vector_at(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& s, int64_t i) {
   using F32 = typename Isa::F32;
-  F32 grad = Isa::mul(load_as_f32<Isa, kGrad>(a.grad, i), s.grad_scale);
+  F32 grad;
+  if constexpr (kFuse == kGradAlone) {
+    grad = Isa::mul(load_as_f32<Isa, kGrad>(a.grad, i), s.grad_scale);
+  } else {
+    // accumulate_typed's arithmetic, then the window's scale: the same bits as the accumulate
+    // storing this fp32 value and the update reading it back.
+    const F32 base = kFuse == kFuseIntoAccumulator ? Isa::load_f32(a.accumulator + i) : Isa::set1(0.0f);
+    grad = Isa::mul(Isa::fma(load_as_f32<Isa, kGrad>(a.grad, i), s.accumulate_scale, base), s.grad_scale);
+  }
   if constexpr (kZeroGrad) store_from_f32<Isa, kGrad>(a.grad, i, Isa::set1(0.0f));
   F32 param = Isa::load_f32(a.param + i);
   F32 exp_avg = Isa::load_f32(a.exp_avg + i);
@@ -113,11 +136,12 @@ void adam_vector_at(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa
 
 // `rest` < kLanes elements starting at element i, through the vector body on zero-padded
 // copies: the same arithmetic as a full vector.
-template <class Isa, int kGrad, int kOut, bool kZeroGrad>
+template <class Isa, int kGrad, int kOut, bool kZeroGrad, int kFuse = kGradAlone>
 void adam_padded(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& s, int64_t i, size_t rest) {
   alignas(64) float param[Isa::kLanes] = {};
   alignas(64) float exp_avg[Isa::kLanes] = {};
   alignas(64) float exp_avg_sq[Isa::kLanes] = {};
+  alignas(64) float accumulator[Isa::kLanes] = {};
   alignas(64) unsigned char grad[Isa::kLanes * 4] = {};
   alignas(64) unsigned char out[Isa::kLanes * 4] = {};
   constexpr size_t grad_bytes = element_bytes(kGrad);
@@ -131,7 +155,11 @@ void adam_padded(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& 
   padded.exp_avg_sq = exp_avg_sq;
   padded.grad = grad;
   padded.out = out;
-  adam_vector_at<Isa, kGrad, kOut, kZeroGrad>(padded, s, 0);
+  if constexpr (kFuse == kFuseIntoAccumulator) {
+    std::memcpy(accumulator, a.accumulator + i, rest * sizeof(float));
+    padded.accumulator = accumulator;
+  }
+  adam_vector_at<Isa, kGrad, kOut, kZeroGrad, false, kFuse>(padded, s, 0);
   std::memcpy(a.param + i, param, rest * sizeof(float));
   std::memcpy(a.exp_avg + i, exp_avg, rest * sizeof(float));
   std::memcpy(a.exp_avg_sq + i, exp_avg_sq, rest * sizeof(float));
@@ -145,15 +173,13 @@ void adam_padded(const zf::simd::AdamStepArgs& a, const AdamVectorScalars<Isa>& 
 // kStreamOut: the 16-bit output copy goes out with non-temporal stores. It is written once
 // and read next by the upload (a DMA), so fetching its lines first (the read-for-ownership
 // of a normal store) would be wasted traffic. A head of elements aligns the output.
-template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut>
+template <class Isa, int kGrad, int kOut, bool kZeroGrad, bool kStreamOut, int kFuse>
 void adam_step_typed(const zf::simd::AdamStepArgs& a, int64_t count) {
   const AdamVectorScalars<Isa> s(a);
   int64_t i = 0;
   if constexpr (kStreamOut) {
-    constexpr int64_t alignment_elements = Isa::kStream16Alignment / 2;
-    const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.out) % Isa::kStream16Alignment) / 2;
-    const int64_t head = misaligned == 0 ? 0 : std::min(count, alignment_elements - misaligned);
-    if (head > 0) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, 0, static_cast<size_t>(head));
+    const int64_t head = alignment_head(a.out, Isa::kStream16Alignment, 2, count);
+    if (head > 0) adam_padded<Isa, kGrad, kOut, kZeroGrad, kFuse>(a, s, 0, static_cast<size_t>(head));
     i = head;
   }
   // Software prefetch of the streams read (master, m, v, grad) kPrefetchElements ahead, once
@@ -170,47 +196,56 @@ void adam_step_typed(const zf::simd::AdamStepArgs& a, int64_t count) {
       __builtin_prefetch(a.param + i + kPrefetchElements, 1, 3);
       __builtin_prefetch(a.exp_avg + i + kPrefetchElements, 1, 3);
       __builtin_prefetch(a.exp_avg_sq + i + kPrefetchElements, 1, 3);
+      if constexpr (kFuse == kFuseIntoAccumulator) __builtin_prefetch(a.accumulator + i + kPrefetchElements, 0, 3);
     }
     if ((i - start) % kGradPerLine == 0) {
       __builtin_prefetch(static_cast<const unsigned char*>(a.grad) + (i + kPrefetchElements) * element_bytes(kGrad),
                          kZeroGrad ? 1 : 0, 3);
     }
-    adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut>(a, s, i);
+    adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut, kFuse>(a, s, i);
   }
-  for (; i + Isa::kLanes <= count; i += Isa::kLanes) adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut>(a, s, i);
-  if (i < count) adam_padded<Isa, kGrad, kOut, kZeroGrad>(a, s, i, static_cast<size_t>(count - i));
+  for (; i + Isa::kLanes <= count; i += Isa::kLanes)
+    adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut, kFuse>(a, s, i);
+  if (i < count) adam_padded<Isa, kGrad, kOut, kZeroGrad, kFuse>(a, s, i, static_cast<size_t>(count - i));
   if constexpr (kStreamOut) Isa::stream_fence();
 }
 
-template <class Isa, int kGrad, int kOut, bool kStreamOut>
+// A fused step never zeroes its gradient (the engine's window close reads a staging copy).
+template <class Isa, int kGrad, int kOut, bool kStreamOut, int kFuse>
 void adam_step_zero_grad_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
-  if (a.zero_grad) {
-    adam_step_typed<Isa, kGrad, kOut, true, kStreamOut>(a, count);
+  if constexpr (kFuse == kGradAlone) {
+    if (a.zero_grad) return adam_step_typed<Isa, kGrad, kOut, true, kStreamOut, kFuse>(a, count);
+  }
+  adam_step_typed<Isa, kGrad, kOut, false, kStreamOut, kFuse>(a, count);
+}
+
+template <class Isa, int kGrad, int kOut, int kFuse>
+void adam_step_stream_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (a.stream_out) {
+    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, true, kFuse>(a, count);
   } else {
-    adam_step_typed<Isa, kGrad, kOut, false, kStreamOut>(a, count);
+    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, false, kFuse>(a, count);
   }
 }
 
-template <class Isa, int kGrad, int kOut>
-void adam_step_stream_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
-  if (a.stream_out) {
-    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, true>(a, count);
-  } else {
-    adam_step_zero_grad_dispatch<Isa, kGrad, kOut, false>(a, count);
+template <class Isa, int kGrad, int kFuse>
+void adam_step_output_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (a.out == nullptr) return adam_step_zero_grad_dispatch<Isa, kGrad, kNoOutput, false, kFuse>(a, count);
+  switch (a.out_dtype) {
+    case ZF_DTYPE_F32:
+      return adam_step_zero_grad_dispatch<Isa, kGrad, ZF_DTYPE_F32, false, kFuse>(a, count);
+    case ZF_DTYPE_BF16:
+      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_BF16, kFuse>(a, count);
+    default:
+      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_F16, kFuse>(a, count);
   }
 }
 
 template <class Isa, int kGrad>
-void adam_step_output_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
-  if (a.out == nullptr) return adam_step_zero_grad_dispatch<Isa, kGrad, kNoOutput, false>(a, count);
-  switch (a.out_dtype) {
-    case ZF_DTYPE_F32:
-      return adam_step_zero_grad_dispatch<Isa, kGrad, ZF_DTYPE_F32, false>(a, count);
-    case ZF_DTYPE_BF16:
-      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_BF16>(a, count);
-    default:
-      return adam_step_stream_dispatch<Isa, kGrad, ZF_DTYPE_F16>(a, count);
-  }
+void adam_step_fuse_dispatch(const zf::simd::AdamStepArgs& a, int64_t count) {
+  if (!a.fuse_accumulate) return adam_step_output_dispatch<Isa, kGrad, kGradAlone>(a, count);
+  if (a.accumulator == nullptr) return adam_step_output_dispatch<Isa, kGrad, kFuseIntoFresh>(a, count);
+  adam_step_output_dispatch<Isa, kGrad, kFuseIntoAccumulator>(a, count);
 }
 
 // The op layer has validated the dtypes: f32, bf16 or f16 only.
@@ -218,11 +253,11 @@ template <class Isa>
 void adam_step(const zf::simd::AdamStepArgs& a, int64_t count) {
   switch (a.grad_dtype) {
     case ZF_DTYPE_F32:
-      return adam_step_output_dispatch<Isa, ZF_DTYPE_F32>(a, count);
+      return adam_step_fuse_dispatch<Isa, ZF_DTYPE_F32>(a, count);
     case ZF_DTYPE_BF16:
-      return adam_step_output_dispatch<Isa, ZF_DTYPE_BF16>(a, count);
+      return adam_step_fuse_dispatch<Isa, ZF_DTYPE_BF16>(a, count);
     default:
-      return adam_step_output_dispatch<Isa, ZF_DTYPE_F16>(a, count);
+      return adam_step_fuse_dispatch<Isa, ZF_DTYPE_F16>(a, count);
   }
 }
 
@@ -250,9 +285,7 @@ void accumulate_typed(float* acc, const void* x, int64_t count, float scale) {
   constexpr size_t x_bytes = element_bytes(kDtype);
   int64_t i = 0;
   if constexpr (kStream) {
-    constexpr int64_t alignment_elements = Isa::kStream32Alignment / 4;
-    const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(acc) % Isa::kStream32Alignment) / 4;
-    const int64_t head = misaligned == 0 ? 0 : std::min(count, alignment_elements - misaligned);
+    const int64_t head = alignment_head(acc, Isa::kStream32Alignment, 4, count);
     if (head > 0) accumulate_padded<Isa, kDtype, kOverwrite>(acc, x, static_cast<size_t>(head), factor);
     i = head;
   }
