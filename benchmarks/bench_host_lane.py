@@ -14,8 +14,7 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               there, A (none at S = 1), master, m, v and writes master, m, v (12) and the
               upload copy (w) over it, and does not zero A (g, w: gradient and weight bytes)
   unfused     the same with the closing step accumulated and A read back by the update
-              (+8: what the engine does where the last result is still owed at the
-              closing step, docs/design.md "Host lane traffic")
+              (+8: the engine before the fusion, docs/design.md "Host lane traffic")
   floor       issue 29's target, 10(S-1) + 28 for bf16
   GB/s        counted bytes / the lane's seconds, two ways: pipelined (each step follows the
               last at once, as in training) and with the device side idle (a pause of

@@ -300,9 +300,10 @@ INSTANTIATE_TEST_SUITE_P(OverlapSplitOverflow, EngineLaneOrdering,
 // Issue 29: a window's closing step packed into U and added to A inside the update (the fused
 // passes) gives the bits of the unfused ones (its accumulate, then the update reading A back),
 // on the host backend and on a simulated device in any interleaving: overlapped (landing a
-// step in, or at the next close, where the closing step finds U owed and is not fused) or
-// not, windows of 1, 2 and 3 steps and the adaptive rule, split steps (one discarded half
-// way), an fp16 overflow, released gradients, a readiness retake and a resume mid-window.
+// step in, or at the next close, where the closing step takes the second upload copy while
+// the first still holds the last result) or not, windows of 1, 2 and 3 steps and the
+// adaptive rule, split steps (one discarded half way), an fp16 overflow, released gradients,
+// a readiness retake and a resume mid-window.
 class EngineFusedWindowClose : public ::testing::TestWithParam<std::tuple<bool, int64_t, int64_t>> {};
 
 TEST_P(EngineFusedWindowClose, FusingTheClosingStepChangesNoBit) {
@@ -348,21 +349,25 @@ INSTANTIATE_TEST_SUITE_P(OverlapIntervalLag, EngineFusedWindowClose,
                                             ::testing::Values(int64_t{1}, int64_t{2}, int64_t{3}, int64_t{0}),
                                             ::testing::Values(int64_t{0}, int64_t{1})));
 
-// The closing step is fused exactly where U is free: the host lane's bytes, per deferred
-// element and window, are those of the fused passes ((g + 8) S + 16 + w) with the defaults
-// (windows of 3, landing a step in) and with overlap off, and those of the unfused ones
-// ((g + 8) S + 24 + w) where the previous result is still owed at the closing step (windows
-// of one step overlapped, or a landing at the next close: there only the first window after
-// a flush is fused), or with fusing turned off. Four windows are counted, after a flush.
-TEST(EngineFusedWindowClose, FusedWhereverTheUploadBufferIsFree) {
+// Every closing step is fused, with the upload copies the schedule needs: the host lane's
+// bytes, per deferred element and window, are those of the fused passes ((g + 8) S + 16 + w)
+// with the defaults (windows of 3 landing a step in: one copy), overlap off (one copy),
+// overlapped windows of one step and a landing at the next close (two copies: the closing
+// step finds the last result still owed in one), and those of the unfused passes
+// ((g + 8) S + 24 + w) with fusing turned off. Four windows are counted, after a flush. The
+// second copy is the weights' bytes of every matrix, in host_state_bytes.
+TEST(EngineFusedWindowClose, EveryClosingStepIsFusedWithTheUploadCopiesItNeeds) {
   struct Case {
     bool overlap;
     int64_t interval, lag;
     bool fuse;
     int64_t fused_windows;
+    int copies;
   };
-  const Case cases[] = {{true, 3, 1, true, 4}, {false, 3, 1, true, 4}, {false, 1, 1, true, 4}, {true, 1, 1, true, 1},
-                        {true, 3, 0, true, 1}, {true, 3, 1, false, 0}, {false, 2, 0, true, 4}};
+  const Case cases[] = {{true, 3, 1, true, 4, 1},  {false, 3, 1, true, 4, 1}, {false, 1, 1, true, 4, 1},
+                        {true, 1, 1, true, 4, 2},  {true, 3, 0, true, 4, 2},  {true, 3, 1, false, 0, 1},
+                        {false, 2, 0, true, 4, 1}, {true, 2, 2, true, 4, 2}};
+  int64_t one_copy_bytes = -1, matrix_bytes = 0;
   for (const Case& k : cases) {
     Model model = standard_model(ZF_DTYPE_BF16, 11);
     zf_engine_config c = zf_engine_test::test_config();
@@ -387,8 +392,10 @@ TEST(EngineFusedWindowClose, FusedWhereverTheUploadBufferIsFree) {
     engine.flush();
     const zf_engine_stats after = engine.stats();
     int64_t deferred = 0, columns = 0;
+    matrix_bytes = 0;
     for (size_t i = 0; i < model.params.size(); ++i) {
       if (!model.matrix(i)) continue;
+      matrix_bytes += 2 * model.params[i].numel();
       const int64_t cols = model.params[i].cols(), rows = model.params[i].numel() / cols;
       const int64_t k_cols = std::max<int64_t>(1, static_cast<int64_t>(0.3 * static_cast<double>(cols)));
       deferred += rows * (cols - k_cols);
@@ -399,6 +406,9 @@ TEST(EngineFusedWindowClose, FusedWhereverTheUploadBufferIsFree) {
     const int64_t unfused = (2 + 8) * k.interval + 24 + 2;  // bf16 gradients and weights
     EXPECT_EQ(moved, (unfused * windows - 8 * k.fused_windows) * deferred)
         << "overlap " << k.overlap << " interval " << k.interval << " lag " << k.lag << " fuse " << k.fuse;
+    if (one_copy_bytes < 0) one_copy_bytes = after.host_state_bytes;  // the first case has one copy
+    EXPECT_EQ(after.host_state_bytes, one_copy_bytes + (k.copies - 1) * matrix_bytes)
+        << "overlap " << k.overlap << " interval " << k.interval << " lag " << k.lag;
   }
 }
 

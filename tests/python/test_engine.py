@@ -795,9 +795,18 @@ def test_stats_keys_and_values():
 # ---- the host lane's traffic ----
 
 
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {"overlap_step": False},
+        {"overlap_step": True},  # landing a step in; windows of one step: two upload copies
+        {"overlap_step": True, "update_lag": "window"},  # two upload copies
+    ],
+    ids=["sync", "overlap", "overlap-lag-window"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("interval", [1, 2, 4, 8])
-def test_host_lane_bytes_follow_the_formula(interval, dtype):
+def test_host_lane_bytes_follow_the_formula(interval, dtype, schedule):
     """Per deferred element and window of S steps, with g the gradient's bytes and w the
     weights' (here both the parameter dtype): a window's first accumulate reads g and writes
     the fp32 accumulator A (4), the next ones up to the window's last read g and A and write A
@@ -805,15 +814,18 @@ def test_host_lane_bytes_follow_the_formula(interval, dtype):
     which reads its g there, A (unless S = 1: nothing was accumulated), master, m, v, and
     writes master, m, v (12) and the upload copy (w) over it; A is not zeroed. Per deferred
     column, its int32 step count is read and written. Issue 29's floor, 10 (S - 1) + 28 for
-    bf16: 58 B at S = 4 (74 B with A read at the first step and zeroed, 66 B unfused)."""
+    bf16: 58 B at S = 4 (74 B with A read at the first step and zeroed, 66 B unfused).
+    Overlapped, every closing step is fused too (with a second upload copy where the last
+    result can still be owed at the closing step); the flush lands the last window's."""
     shapes = [(16, 40), (8, 24), (5, 13)]
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
-    config = {"topk_ratio": 0.25, "update_interval": interval, "overlap_step": False}
+    config = {"topk_ratio": 0.25, "update_interval": interval, **schedule}
     engine = _C.Engine(params, [{"params": [0, 1, 2], "lr": 1e-3}], config)
     windows = 3
     for _ in range(windows * interval):
         engine.step([torch.randn(s, generator=gen).to(dtype) for s in shapes], None)
+    engine.flush()
     stats = engine.stats()
     engine.close()
     assert stats["windows"] == windows

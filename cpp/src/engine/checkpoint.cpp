@@ -379,7 +379,7 @@ void Engine::write_upload_from_master(Matrix& m) {
   // U holds this rank's deferred columns, ascending, each column's rows contiguous, in the
   // parameter's dtype, rounded as the host update rounds its output.
   const zf_dtype dtype = params_[m.param].tensor.dtype;
-  uint8_t* out = upload_.data() + m.upload_offset;
+  uint8_t* out = upload_copy(window_.result_buffer()) + m.upload_offset;
   size_t next_selected = 0, position = 0;
   for (int64_t local = 0; local < m.own_cols; ++local) {
     if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {

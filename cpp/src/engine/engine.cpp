@@ -348,7 +348,7 @@ void Engine::setup_buckets_and_memory() {
              backend_->host_visible());
   staging_offset_ = take(ring_.device_bytes());
   ring_.place(arena_.base_address(), staging_offset_);
-  closing_header_offset_ = take(kSlotHeaderBytes);
+  closing_header_offset_ = take(2 * kSlotHeaderBytes);  // one per upload copy
   // release_gradients: per bucket, a region of its matrices' selected columns in the
   // gradient's dtype, one matrix after the other.
   for (Bucket& b : buckets_) {
@@ -364,6 +364,7 @@ void Engine::setup_buckets_and_memory() {
   upload_buffer_offset_ = take(backend_->host_visible() ? 0 : slot_bytes_);  // the host backend scatters from U
   parallel_memory();
   upload_bytes_ = upload_bytes;
+  upload_copies_ = upload_copies_needed();
   col_sq_host_.assign(backend_->host_visible() ? 0 : col_sq_floats_, 0.0f);
 }
 
@@ -391,10 +392,13 @@ void Engine::ensure_host_memory() {
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
   ring_.allocate(backend_.get());
-  // U, then the closing step's header (CUDA copies it down there; the host backend reads it
-  // in the engine's memory).
-  closing_header_at_ = (upload_bytes_ + 63) / 64 * 64;
-  upload_ = PinnedBuffer(backend_.get(), closing_header_at_ + (backend_->host_visible() ? 0 : kSlotHeaderBytes));
+  // The upload copies, then the closing step's header (CUDA copies it down there; the host
+  // backend reads it in the engine's memory).
+  upload_stride_ = (upload_bytes_ + 255) / 256 * 256;
+  closing_header_at_ = upload_stride_ * static_cast<size_t>(upload_copies_);
+  upload_ = PinnedBuffer(
+      backend_.get(),
+      closing_header_at_ + (backend_->host_visible() ? 0 : kSlotHeaderBytes * static_cast<size_t>(upload_copies_)));
   scalar_readback_.allocate(backend_.get());
   host_memory_ready_ = true;
 }

@@ -345,10 +345,16 @@ class Engine {
   // Decided once per step, before its first pack: the schedule says the step closes its
   // window, and no result is owed (U is free until the update writes it).
   bool closing_step_into_upload() const;
+  // The upload copies the schedule needs (upload_copies_), and the one the next result goes
+  // to: the copy not holding the last result.
+  int upload_copies_needed() const;
+  int next_upload_copy() const { return upload_copies_ == 2 ? 1 - window_.result_buffer() : 0; }
   void pack_into_upload(Bucket& bucket, const zf_tensor* grads);
-  // The step's header (gradient scale, skip flag) for the fused update, after its packs.
+  // The step's header (gradient scale, skip flag) for the fused update, after its packs: one
+  // per upload copy, as the last result's update may still read its own while the next
+  // closing step writes.
   void write_closing_header(const StepScalars* scalars);
-  const uint8_t* closing_header() const;
+  uint8_t* closing_header(int buffer) const;
   void release_early_buckets(const StepScalars* scalars);
   void cancel_early_buckets();
   ColumnStatsPlan& range_stats_plan(size_t first, size_t count);
@@ -370,7 +376,8 @@ class Engine {
   void upload(void* device, const void* host, size_t bytes);
   std::vector<uint8_t> download_param(size_t index);
   void close_window(bool warm_up);
-  // `fused`: the window's closing step was packed into U (closing_into_upload_).
+  // `fused`: the window's closing step was packed into U[closing_buffer_]
+  // (closing_into_upload_), which the result goes to; else it goes to next_upload_copy().
   void start_update(bool fused);
   void finish_update(double* stall);
   void flush_internal();
@@ -499,8 +506,13 @@ class Engine {
   bool initialized_ = false;
 
   // host buffers: the ones a copy lane touches are pinned
-  PinnedBuffer upload_;  // U, then (CUDA) the closing step's header at closing_header_at_
-  size_t upload_bytes_ = 0, closing_header_at_ = 0;
+  // The upload copies U[0] and, where a closing step can find the last result still owed,
+  // U[1] (upload_copies_), upload_stride_ bytes apart, then (CUDA) the closing step's header
+  // headers at closing_header_at_.
+  PinnedBuffer upload_;
+  size_t upload_bytes_ = 0, upload_stride_ = 0, closing_header_at_ = 0;
+  int upload_copies_ = 1;
+  uint8_t* upload_copy(int buffer) const { return upload_.data() + static_cast<size_t>(buffer) * upload_stride_; }
   ScalarReadback scalar_readback_;  // the step scalars on their way to the host
   std::vector<float> col_sq_host_;  // host copy of the col_sq region (CUDA)
   Event last_scatter_;              // the upload buffer is free once it completes
@@ -529,6 +541,7 @@ class Engine {
   // This step closes its window and packs into U (closing_step_into_upload); the header's
   // copy down, which the fused update waits for (CUDA).
   bool closing_into_upload_ = false;
+  int closing_buffer_ = 0;
   bool fuse_window_close_ = true;
   Event closing_copied_;
   std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet

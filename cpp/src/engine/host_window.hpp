@@ -1,8 +1,9 @@
 // The host side's windows (docs/design.md section 8), one of the engine's parts: the open
 // window, which of the two accumulators (A[0], A[1]) it fills, how many steps it holds and
 // the values its host update will run with (its last step's learning rates, weight decays,
-// betas and eps); and the closed window whose host update was started and whose result (the
-// upload copy U) has not gone up yet, with the event after which U may be written again.
+// betas and eps); and the closed window whose host update was started and whose result (in
+// one of the upload copies U[0], U[1]) has not gone up yet, with, per copy, the event after
+// which it may be written again.
 //
 // It decides nothing: the engine's step closes a window when the schedule says so, starts
 // its update on the host lane and uploads the result at the landing step (step.cpp). This
@@ -46,18 +47,22 @@ class HostWindow {
   double weight_decay(size_t group) const { return weight_decays_[group]; }
   const zf_adam_hparams& hparams() const { return hparams_; }
 
-  // Closes it: `job` runs its update (nullptr: nothing to run on this rank); `pending`, a
-  // result is owed to the weights (data parallel: also with no job here, for the
-  // all-gathers). The next window fills the other accumulator.
-  void close(std::shared_ptr<WorkJob> job, bool pending) {
+  // Closes it: `job` runs its update (nullptr: nothing to run on this rank), writing its
+  // result into upload copy `buffer`; `pending`, a result is owed to the weights (data
+  // parallel: also with no job here, for the all-gathers). The next window fills the other
+  // accumulator.
+  void close(std::shared_ptr<WorkJob> job, bool pending, int buffer) {
     job_ = std::move(job);
     pending_ = pending;
+    result_buffer_ = buffer;
     filling_ ^= 1;
     steps_ = 0;
   }
 
   // ---- the closed window's update ----
   bool pending() const { return pending_; }
+  // The upload copy holding the last result (owed while pending, else gone up).
+  int result_buffer() const { return result_buffer_; }
   // The running (or finished, not yet waited for) update; nullptr when none.
   const std::shared_ptr<WorkJob>& job() const { return job_; }
   // Its result goes up: the pending flag is cleared and the job handed over to be waited for.
@@ -65,20 +70,25 @@ class HostWindow {
     pending_ = false;
     return std::exchange(job_, nullptr);
   }
-  // U is read by the copies up until this event completes.
-  const Event& uploaded() const { return uploaded_; }
-  void set_uploaded(Event event) { uploaded_ = std::move(event); }
+  // Upload copy `buffer` is read by the copies up until this event completes.
+  const Event& uploaded(int buffer) const { return uploaded_[buffer]; }
+  void set_uploaded(int buffer, Event event) { uploaded_[buffer] = std::move(event); }
 
-  // A loaded state: the open window holds `steps` in A[0]; `pending`, a result is owed. The
-  // caller waited for the job and dropped it and U's event (forget_job, forget_uploaded).
+  // A loaded state: the open window holds `steps` in A[0]; `pending`, a result is owed (in
+  // U[0]). The caller waited for the job and dropped it and U's events (forget_job,
+  // forget_uploaded).
   void restore(int64_t steps, bool pending) {
     filling_ = 0;
     steps_ = steps;
     pending_ = pending;
+    result_buffer_ = 0;
   }
   // The update no longer runs (the caller waited for it); its result stays owed.
   void forget_job() { job_.reset(); }
-  void forget_uploaded() { uploaded_.reset(); }
+  void forget_uploaded() {
+    uploaded_[0].reset();
+    uploaded_[1].reset();
+  }
 
  private:
   void take_values(const std::vector<zf_engine_group>& groups, const zf_adam_hparams& hparams) {
@@ -93,7 +103,8 @@ class HostWindow {
   zf_adam_hparams hparams_{};
   std::shared_ptr<WorkJob> job_;
   bool pending_ = false;
-  Event uploaded_;
+  int result_buffer_ = 0;
+  Event uploaded_[2];
 };
 
 }  // namespace zf

@@ -505,7 +505,7 @@ void Engine::gather_upload(Bucket& b) {
     const size_t own_bytes = g.own_elements * element;
     if (own_bytes > 0) {
       backend_->wait(Lane::kUp, backend_->record(Lane::kCompute));
-      backend_->copy_up(shard, upload_.data() + matrices_[g.first].upload_offset, own_bytes);
+      backend_->copy_up(shard, upload_copy(window_.result_buffer()) + matrices_[g.first].upload_offset, own_bytes);
       backend_->wait(Lane::kCompute, backend_->record(Lane::kUp));
       add_saturating(bytes_up_, static_cast<int64_t>(own_bytes));
     }

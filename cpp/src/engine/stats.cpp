@@ -29,10 +29,11 @@ zf_engine_stats Engine::stats() const {
   // The host backend has no pinned staging slots: its host lane reads the device slots.
   const auto slots = static_cast<int64_t>(ring_.pinned_bytes());
   const auto records = static_cast<int64_t>(ScalarReadback::host_bytes());
-  s.host_state_bytes = host_bytes + static_cast<int64_t>(upload_bytes_) + slots;
+  const auto upload = static_cast<int64_t>(upload_bytes_) * upload_copies_;
+  s.host_state_bytes = host_bytes + upload + slots;
   s.stall_seconds_readback = stall_readback_;
   s.device_bytes = static_cast<int64_t>(arena_.bytes());
-  s.pinned_host_bytes = static_cast<int64_t>(upload_bytes_) + slots + records;
+  s.pinned_host_bytes = upload + slots + records;
   s.collective_bytes_statistics = collective_stats_bytes_;
   s.collective_bytes_gradients = collective_gradient_bytes_;
   s.collective_bytes_upload = collective_upload_bytes_;

@@ -23,6 +23,7 @@ void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_
   if (agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); }))
     return step_as_split(grads, lrs, lr_count);
   closing_into_upload_ = closing_step_into_upload();
+  closing_buffer_ = next_upload_copy();
   run_step(grads, lrs, false);
 }
 
@@ -96,6 +97,7 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   // a selection step) packs and copies it down.
   early_ = !next_step_selects() && !parallel();
   closing_into_upload_ = closing_step_into_upload();
+  closing_buffer_ = next_upload_copy();
   if (early_ || parallel()) start_split_reductions();
   in_split_step_ = true;
 }
@@ -838,13 +840,23 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 
+int Engine::upload_copies_needed() const {
+  // One upload copy serves every closing step when the last result has always landed by
+  // then: overlap off (a result lands in its own close), or fixed windows of S >= 2 whose
+  // result lands 1 <= L < S steps into the next. Otherwise (overlapped windows of one step,
+  // a landing at the next close, adaptive windows) a closing step can find the last result
+  // still owed in its copy: a second copy takes the closing step and the next result.
+  if (config_.overlap_step == 0) return 1;
+  const int64_t interval = config_.update_interval, lag = config_.update_lag;
+  return interval >= 2 && lag >= 1 && lag < interval ? 1 : 2;
+}
+
 bool Engine::closing_step_into_upload() const {
-  // U is free from the landing of the last result until the next update writes it. With the
-  // defaults (windows of 4, landing a step in) every window's closing step finds it free; one
-  // whose previous result is still owed (windows of one step with overlap, or a landing at
-  // the next close) accumulates as any other step. Either way the update computes the same
-  // bits: only the host lane's passes differ.
-  return fuse_window_close_ && !buckets_.empty() && !window_.pending() && schedule_.next_step_closes();
+  // An upload copy is free from the landing of its result until the next update writes it:
+  // the closing step takes the copy the next result goes to (next_upload_copy). Either way
+  // the update computes the same bits: only the host lane's passes differ.
+  return fuse_window_close_ && !buckets_.empty() && (!window_.pending() || upload_copies_ == 2) &&
+         schedule_.next_step_closes();
 }
 
 void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
@@ -853,7 +865,7 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
   // there before writing its result over it: no accumulate reads the slot and writes A, and
   // the update does not read A back for this step (issue 29's floor).
   bind_gradients(b, grads);
-  uint8_t* in_upload = upload_.data() + b.upload_offset;
+  uint8_t* in_upload = upload_copy(closing_buffer_) + b.upload_offset;
   if (backend_->host_visible()) {  // the host backend's "device" memory is the host's
     backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), in_upload);
     return;
@@ -865,7 +877,7 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   // The last result's copies up have read U (implied today: the compute lane waited for each
   // before its scatter, and the pack above follows those; explicit, so as not to rest on it).
-  backend_->wait(Lane::kDown, window_.uploaded());
+  backend_->wait(Lane::kDown, window_.uploaded(closing_buffer_));
   backend_->copy_down(in_upload, at, b.packed_bytes);
   ring_.set_copied(device, backend_->record(Lane::kDown));
 }
@@ -873,17 +885,20 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
 void Engine::write_closing_header(const StepScalars* scalars) {
   // One header for every bucket of the step (they share its scalars), after every pack's copy
   // down on the down lane: its event covers them all.
-  uint8_t* device_header = arena_.base() + closing_header_offset_;
+  uint8_t* device_header =
+      arena_.base() + closing_header_offset_ + static_cast<size_t>(closing_buffer_) * kSlotHeaderBytes;
   backend_->copy_device(device_header, &scalars->grad_scale, sizeof(SlotHeader));
   closing_copied_ = nullptr;
   if (backend_->host_visible()) return;
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  backend_->copy_down(upload_.data() + closing_header_at_, device_header, sizeof(SlotHeader));
+  backend_->copy_down(closing_header(closing_buffer_), device_header, sizeof(SlotHeader));
   closing_copied_ = backend_->record(Lane::kDown);
 }
 
-const uint8_t* Engine::closing_header() const {
-  return backend_->host_visible() ? arena_.base() + closing_header_offset_ : upload_.data() + closing_header_at_;
+uint8_t* Engine::closing_header(int buffer) const {
+  const size_t at = static_cast<size_t>(buffer) * kSlotHeaderBytes;
+  return backend_->host_visible() ? arena_.base() + closing_header_offset_ + at
+                                  : upload_.data() + closing_header_at_ + at;
 }
 
 void Engine::quiesce_host_lane() {
@@ -915,7 +930,8 @@ void Engine::start_update(bool fused) {
   // step's packed gradient is in U: the update adds it to A (or to zeros, in a window whose
   // A holds nothing) as that step's accumulate would have, in registers.
   std::vector<WorkQueue::Chunk> chunks;
-  const uint8_t* header = fused ? closing_header() : nullptr;
+  const int buffer = fused ? closing_buffer_ : next_upload_copy();
+  const uint8_t* header = fused ? closing_header(buffer) : nullptr;
   const Event header_copied = closing_copied_;
   const int acc = window_.filling();
   const float scale = 1.0f / static_cast<float>(window_.steps());
@@ -932,11 +948,11 @@ void Engine::start_update(bool fused) {
     const size_t group = static_cast<size_t>(params_[m.param].group);
     const double lr = window_.lr(group);
     const double wd = window_.weight_decay(group);
-    uint8_t* out = upload_.data() + m.upload_offset;
+    uint8_t* out = upload_copy(buffer) + m.upload_offset;
     const zf_dtype out_dtype = buckets_[m.bucket].dtype;
     const zf_adam_hparams hparams = window_.hparams();
     Backend* backend = backend_.get();
-    const Event uploaded = window_.uploaded();  // U is still being copied up until then
+    const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
     chunks.push_back([this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements, header,
                       header_copied](ThreadPool& pool) {
       backend->host_wait(uploaded);
@@ -978,7 +994,7 @@ void Engine::start_update(bool fused) {
   }
   // Data parallel: a rank with no deferred column of its own still joins the all-gathers.
   const bool pending = parallel() ? any_deferred : !chunks.empty();
-  window_.close(chunks.empty() ? nullptr : lane_->submit_update(std::move(chunks)), pending);
+  window_.close(chunks.empty() ? nullptr : lane_->submit_update(std::move(chunks)), pending, buffer);
 }
 
 void Engine::finish_update(double* stall) {
@@ -987,7 +1003,7 @@ void Engine::finish_update(double* stall) {
   if (job) wait_job(job, stall);
   if (parallel()) {
     for (Bucket& b : buckets_) gather_upload(b);
-    window_.set_uploaded(backend_->record(Lane::kUp));
+    window_.set_uploaded(window_.result_buffer(), backend_->record(Lane::kUp));
     return;
   }
   // Upload U bucket by bucket: copy up (after the previous bucket's scatter has read the
@@ -996,7 +1012,7 @@ void Engine::finish_update(double* stall) {
   uint8_t* device_upload = arena_.base() + upload_buffer_offset_;
   for (Bucket& b : buckets_) {
     if (b.packed_bytes == 0) continue;
-    const uint8_t* from = upload_.data() + b.upload_offset;
+    const uint8_t* from = upload_copy(window_.result_buffer()) + b.upload_offset;
     if (!backend_->host_visible()) {
       if (last_scatter_) backend_->wait(Lane::kUp, last_scatter_);
       backend_->copy_up(device_upload, from, b.packed_bytes);
@@ -1008,7 +1024,7 @@ void Engine::finish_update(double* stall) {
     last_scatter_ = backend_->record(Lane::kCompute);
     add_saturating(bytes_up_, static_cast<int64_t>(b.packed_bytes));
   }
-  window_.set_uploaded(backend_->record(Lane::kUp));
+  window_.set_uploaded(window_.result_buffer(), backend_->record(Lane::kUp));
 }
 
 void Engine::close_window(bool warm_up) {
