@@ -49,13 +49,14 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             opt.zero_grad()
         opt.flush()  # the parameters now hold the exact current weights
 
-    Which regime. Fine-tuning at the defaults ended +2.0% to +2.7% above AdamW's held-out
-    loss on the demo's models, +1.2% to +1.7% with update_interval=2 (benchmarks/results/
-    2026-12-06-finetune-settings.md); from scratch loses more (+6.6% to +19.5%, tiny GPT-2-
-    and Llama-style models, 600 steps; a synchronous start, `full_warm_up_rounds`, shorter
-    windows and more selected columns narrow it): pre-train with AdamW, fine-tune with this
-    (2026-12-05-accuracy.md). A window's host result lands `update_lag` (1) steps into the
-    next window; raise it if stats()["stall_seconds_window_close"] grows.
+    Which regime. Fine-tuning at the defaults ended +2.0% to +2.6% above AdamW's held-out
+    loss on the demo's models; update_interval=1, topk_ratio=0.3 ended +0.06% to +0.48% (a
+    host update every step, device state for 30% of the columns). From scratch the defaults
+    lose more (+6.6% to +19.5%, tiny GPT-2- and Llama-style models, 600 steps);
+    update_interval=1, topk_ratio=0.3, full_warm_up_rounds=200 (the first 200 steps
+    synchronous) ended within 1.7% (benchmarks/results/2026-12-06-accuracy-regimes.md). A
+    window's host result lands `update_lag` (1) steps into the next window; raise it if
+    stats()["stall_seconds_window_close"] grows.
 
     Parameters and groups. Parameters are updated in place and must stay where they are
     (no `.to()` after construction). Each group may have its own `lr` (schedulers from
