@@ -13,7 +13,7 @@
  *  - CUDA backend (CUDA tensors, in a build with CUDA): the device ops run on the compute
  *    stream (zf_engine_set_stream; the caller's), copies down and up on two streams of the
  *    engine's, ordered by CUDA events; the host lane waits for a slot's copy with an event.
- *    The staging ring, the upload copy U and the scalar records are page-locked; the fp32
+ *    The staging ring, the upload copies U and the scalar records are page-locked; the fp32
  *    host state and the accumulators are ordinary memory. The calls return without waiting
  *    for the device, except: a window close whose host update is still running, a staging
  *    slot the host has not consumed (back-pressure), flush / selection / save / load, and,
@@ -508,11 +508,11 @@ typedef struct zf_engine_stats {
   int64_t bytes_up;                   /* uploaded deferred weight bytes (parameter dtype) */
   double selected_fraction;           /* sum k / sum n over matrices (current selection) */
   int64_t device_state_bytes;         /* compact selected state + dense state */
-  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copy U, staging ring (CUDA) */
+  int64_t host_state_bytes;           /* master, m, v, steps, two accumulators, upload copies U, staging ring (CUDA) */
   double stall_seconds_readback;      /* waiting for the step's statistics (CUDA: dynamic loss scaling,
                                          update_interval "auto", selection_score "window") */
   int64_t device_bytes;               /* device memory the engine uses (zf_engine_device_memory_size) */
-  int64_t pinned_host_bytes;          /* staging ring (CUDA), upload copy U, scalar records (page-locked on CUDA) */
+  int64_t pinned_host_bytes;          /* staging ring (CUDA), upload copies U, scalar records (page-locked on CUDA) */
   /* Data parallel: bytes of the buffers this rank gave to collectives (the all-reduced buffer,
    * the reduce-scatter's input and the all-gather's output: world_size * count elements). */
   int64_t collective_bytes_statistics; /* column sums, non-finite flags, failure flags */
@@ -522,8 +522,11 @@ typedef struct zf_engine_stats {
    * read and written by the accumulates (packed gradient, accumulator) and the window
    * updates (accumulator, fp32 master and moments, step counts, the upload copy). Per
    * deferred element and window of S steps: a window's first accumulate writes the
-   * accumulator without reading it, the others read and write it, and the update does not
-   * zero it (docs/design.md, "host lane traffic"). Since 0.1.0 (2026-12-05). */
+   * accumulator without reading it, the others read and write it, the window's closing
+   * step is not accumulated (the update reads its packed gradient from the upload copy and
+   * writes its result over it), and the update does not zero the accumulator:
+   * (g + 8) S + 16 + w bytes for gradient and weight bytes g, w (docs/design.md, "host
+   * lane traffic"). Since 0.1.0 (2026-12-05). */
   int64_t host_lane_bytes_read;
   int64_t host_lane_bytes_written;
   /* The last split step: the most bytes of the caller's gradients the engine held at once,
