@@ -75,7 +75,15 @@ def test_optimizer_quick_markdown(tmp_path):
 
 
 def test_engine_quick_with_progress_on_stderr(tmp_path):
-    done = run_bench(tmp_path, "engine", "--quick", "--out", "engine.json")
+    done = run_bench(
+        tmp_path,
+        "engine",
+        "--quick",
+        "--out",
+        "engine.json",
+        "--setting",
+        "update_interval=1,topk_ratio=0.3",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "plain sync offload" in done.stdout and "stall reduction" in done.stdout
     assert "engine:" in done.stderr  # the progress indicator (tqdm or plain lines)
@@ -85,6 +93,10 @@ def test_engine_quick_with_progress_on_stderr(tmp_path):
     rows = {row["name"]: row for row in section["rows"]}
     assert rows["zenflow overlap"]["down_bytes_per_param"] == pytest.approx(1.8, rel=0.01)
     assert rows["plain sync offload"]["up_bytes_per_param"] == pytest.approx(2.0, rel=0.01)
+    # a --setting row: zenflow overlap with those settings (every step, 70% of the columns)
+    extra = rows["zenflow overlap, update_interval=1,topk_ratio=0.3"]
+    assert extra["down_bytes_per_param"] == pytest.approx(1.4, rel=0.01)
+    assert extra["up_bytes_per_param"] == pytest.approx(1.4, rel=0.01)
 
 
 def test_bad_arguments_are_named(tmp_path):

@@ -103,8 +103,10 @@ def run_engine(
     reserved: float | None = None,
     progress: Progress | None = None,
     command: str = "python -m zenflow bench engine",
+    settings: list[str] | None = None,
 ) -> Report:
-    """The `engine` benchmark (host backend) as a Report."""
+    """The `engine` benchmark (host backend) as a Report. settings: more rows, each
+    "key=value,..." of engine settings over zenflow overlap's."""
     from . import engine
 
     progress = progress or Progress(enabled=False)
@@ -117,6 +119,11 @@ def run_engine(
         config.steps = steps
     if reserved is not None:
         config.reserved = reserved
+    for text in settings or []:
+        from .accuracy import parse_setting
+
+        name, options = parse_setting(text)
+        config.settings[name] = options
     report = Report("engine", command, roofs=_roofs(["cpu"], quick, progress), interleaved=False)
     sections, notes, facts = engine.run(config, progress)
     report.sections += sections
@@ -179,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p_eng.add_argument("--device-ms", type=float, default=None, help="fake device time per step")
     p_eng.add_argument("--steps", type=int, default=None, help="timed steps (whole windows)")
     p_eng.add_argument("--reserved", type=float, default=None, help="pt_reserved_cores_perc")
+    p_eng.add_argument(
+        "--setting",
+        action="append",
+        default=None,
+        help="another row: key=value,... engine settings over zenflow overlap's (repeatable)",
+    )
     sub.add_parser("overhead", help="per-call overhead of the ops at 300 matrices", add_help=False)
     sub.add_parser(
         "accuracy", help="held-out loss against AdamW, from scratch and fine-tuning", add_help=False
@@ -226,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.reserved,
                 progress,
                 command,
+                args.setting,
             )
     except ValueError as error:
         parser.error(str(error))

@@ -9,7 +9,9 @@ configurations run one after the other on the same gradients:
   * the same with update_lag 2 and 1 (the result lands 2 or 1 steps into the next window);
   * zenflow sync:        the same with overlap_step False;
   * plain sync offload:  topk_ratio 0, update_interval 1, overlap_step False (ZeRO-Offload's
-                         schedule: every column to the host every step, and wait for it).
+                         schedule: every column to the host every step, and wait for it);
+  * each --setting key=value,... given: zenflow overlap with those ZenFlowAdamW keywords (the
+    accuracy benchmark's settings, for their stall at the same fake device time).
 
 They run one after the other, not interleaved step by step: an overlapping engine's host
 update runs in the background into the steps that follow it, which would then be another
@@ -29,7 +31,7 @@ statistics.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,6 +64,8 @@ class EngineConfig:
     steps: int = 6 * INTERVAL
     reserved: float = 0.5  # pt_reserved_cores_perc
     bookkeeping_reps: int = 200
+    # More rows: name -> engine settings over "zenflow overlap"'s (--setting).
+    settings: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def quick(cls) -> EngineConfig:
@@ -189,7 +193,10 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
         device_s = config.device_ms / 1e3
     n_params = sum(r * c for r, c in shapes)
     results = {}
-    for name, settings in CONFIGS.items():
+    configs = dict(CONFIGS)
+    for name, extra in config.settings.items():
+        configs[f"zenflow overlap, {name}"] = dict(CONFIGS["zenflow overlap"], **extra)
+    for name, settings in configs.items():
         results[name] = _run_config(
             name, settings, shapes, grad_sets, device_s, warm, timed, config.reserved, progress
         )

@@ -208,6 +208,12 @@ def engine_main(argv: list[str] | None = None, prog: str = "bench_engine.py") ->
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (whole windows)")
     parser.add_argument("--reserved", type=float, default=0.5, help="pt_reserved_cores_perc")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=None,
+        help="another row: key=value,... engine settings over zenflow overlap's (repeatable)",
+    )
     parser.add_argument("--write", type=Path, default=None, help="save the markdown report")
     args = parser.parse_args(argv)
     from . import run_engine
@@ -220,6 +226,7 @@ def engine_main(argv: list[str] | None = None, prog: str = "bench_engine.py") ->
         reserved=args.reserved,
         progress=Progress(),
         command=command_line(f"python benchmarks/{prog}", argv),
+        settings=args.setting,
     )
     _write(report, args.write)
     return 0
