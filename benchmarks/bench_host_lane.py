@@ -173,10 +173,10 @@ def main() -> None:
         args.write.write_text(text)
     # The engine's count must be the formula's, exactly (the CI smoke run checks it too).
     wrong = [
-        f"{name} S={interval}: counted {r['counted']} B, formula {r['formula']} B"
-        for name, interval, r, idle, _ in rows
-        for r in (r, idle)
-        if r["counted"] != r["formula"]
+        f"{name} S={interval}: counted {result['counted']} B, formula {result['formula']} B"
+        for name, interval, pipelined, idle, _ in rows
+        for result in (pipelined, idle)
+        if result["counted"] != result["formula"]
     ]
     if wrong:
         raise SystemExit("host-lane bytes differ from the formula: " + "; ".join(wrong))

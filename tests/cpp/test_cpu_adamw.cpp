@@ -1354,15 +1354,22 @@ TEST(CpuAdamwFlat, BadLayoutsRejectedAndNothingWritten) {
 
 namespace {
 
-// The overwrite form of the accumulate kernel gives, at every level the CPU has, the bits of
-// adding into a zeroed accumulator (-0.0 products included: they become +0.0 there), and
-// never reads the accumulator: it starts as NaN garbage here.
-TEST(AccumulateKernel, OverwriteEqualsAddingIntoZerosBitForBit) {
+// The kernel table of every SIMD level this CPU runs, scalar first (the kernel-level tests
+// call them directly; the plan-level tests go through ScopedSimdLevel).
+std::vector<const zf::simd::KernelTable*> kernel_tables_this_cpu_has() {
   std::vector<const zf::simd::KernelTable*> tables = {zf::simd::kernel_table_scalar()};
 #if defined(ZENFLOW_HAVE_X86_SIMD)
   if (zf_simd_level_supported() >= ZF_SIMD_AVX2) tables.push_back(zf::simd::kernel_table_avx2());
   if (zf_simd_level_supported() >= ZF_SIMD_AVX512) tables.push_back(zf::simd::kernel_table_avx512());
 #endif
+  return tables;
+}
+
+// The overwrite form of the accumulate kernel gives, at every level the CPU has, the bits of
+// adding into a zeroed accumulator (-0.0 products included: they become +0.0 there), and
+// never reads the accumulator: it starts as NaN garbage here.
+TEST(AccumulateKernel, OverwriteEqualsAddingIntoZerosBitForBit) {
+  const std::vector<const zf::simd::KernelTable*> tables = kernel_tables_this_cpu_has();
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (const zf::simd::KernelTable* table : tables) {
@@ -1448,11 +1455,7 @@ namespace {
 // engine's U) or elsewhere, streamed or not, prefetched or not, for every gradient and output
 // dtype and tails of every length. The accumulator is only read.
 TEST(FusedAccumulateStep, EqualsAccumulateThenStepBitForBit) {
-  std::vector<const zf::simd::KernelTable*> tables = {zf::simd::kernel_table_scalar()};
-#if defined(ZENFLOW_HAVE_X86_SIMD)
-  if (zf_simd_level_supported() >= ZF_SIMD_AVX2) tables.push_back(zf::simd::kernel_table_avx2());
-  if (zf_simd_level_supported() >= ZF_SIMD_AVX512) tables.push_back(zf::simd::kernel_table_avx512());
-#endif
+  const std::vector<const zf::simd::KernelTable*> tables = kernel_tables_this_cpu_has();
   const zf_adam_hparams hparams{0.9, 0.999, 1e-8, ZF_ADAM_MODE_ADAMW};
   std::mt19937 rng(29);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -172,16 +172,23 @@ size_t release_step(zenflow::Engine& engine, const Model& model, std::vector<Hos
   return released;
 }
 
+// These tests' windows: 30% of the columns selected, strategy "step" (select_interval 0:
+// one selection), the given window length, landing and overlap.
+zf_engine_config window_config(int64_t update_interval, int64_t update_lag, bool overlap, int64_t select_interval) {
+  zf_engine_config c = zf_engine_test::test_config();
+  c.topk_ratio = 0.3;
+  c.update_interval = update_interval;
+  c.update_lag = update_lag;
+  c.overlap_step = overlap ? 1 : 0;
+  c.select_strategy = ZF_SELECT_STEP;
+  c.select_interval = select_interval;
+  return c;
+}
+
 // Parameters after every step (the backend synchronised), then the whole saved state.
 std::vector<std::vector<HostTensor>> trajectory(const RunOptions& o) {
   Model model = standard_model(o.fp16_overflow ? ZF_DTYPE_F16 : (o.fp32 ? ZF_DTYPE_F32 : ZF_DTYPE_BF16), 11);
-  zf_engine_config c = zf_engine_test::test_config();
-  c.topk_ratio = 0.3;
-  c.update_interval = o.update_interval;
-  c.update_lag = o.update_lag;
-  c.overlap_step = o.overlap ? 1 : 0;
-  c.select_strategy = ZF_SELECT_STEP;
-  c.select_interval = 4;
+  zf_engine_config c = window_config(o.update_interval, o.update_lag, o.overlap, 4);
   c.max_grad_norm = o.clip ? 5.0 : 0.0;
   c.bucket_bytes = 100;  // several buckets through a ring of two slots
   c.staging_slots = 2;
@@ -370,13 +377,8 @@ TEST(EngineFusedWindowClose, EveryClosingStepIsFusedWithTheUploadCopiesItNeeds) 
   int64_t one_copy_bytes = -1, matrix_bytes = 0;
   for (const Case& k : cases) {
     Model model = standard_model(ZF_DTYPE_BF16, 11);
-    zf_engine_config c = zf_engine_test::test_config();
-    c.topk_ratio = 0.3;
-    c.update_interval = k.interval;
-    c.update_lag = k.lag;
-    c.overlap_step = k.overlap ? 1 : 0;
-    c.select_strategy = ZF_SELECT_STEP;
-    c.select_interval = 0;  // one selection: every window has the same deferred columns
+    // one selection: every window has the same deferred columns
+    const zf_engine_config c = window_config(k.interval, k.lag, k.overlap, 0);
     zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
     if (!k.fuse) zf::testing::set_fuse_window_close(engine.get(), false);
     const int64_t windows = 4;

@@ -341,9 +341,10 @@ class Engine {
   // one slot (device == host).
   StagingRing::Slot pack_into_next_slot(Bucket& bucket, const zf_tensor* grads);
   // The window's closing step (docs/design.md section 5, "Host lane traffic"): its deferred
-  // columns go into U, where the window's update reads them in place, with no accumulate.
-  // Decided once per step, before its first pack: the schedule says the step closes its
-  // window, and no result is owed (U is free until the update writes it).
+  // columns go into the upload copy the next result goes to (next_upload_copy), where the
+  // window's update reads them in place, with no accumulate. Decided once per step, before
+  // its first pack: the schedule says the step closes its window, and that copy is free (no
+  // result is owed, or a second copy holds it).
   bool closing_step_into_upload() const;
   // The upload copies the schedule needs (upload_copies_), and the one the next result goes
   // to: the copy not holding the last result.
@@ -376,8 +377,8 @@ class Engine {
   void upload(void* device, const void* host, size_t bytes);
   std::vector<uint8_t> download_param(size_t index);
   void close_window(bool warm_up);
-  // `fused`: the window's closing step was packed into U[closing_buffer_]
-  // (closing_into_upload_), which the result goes to; else it goes to next_upload_copy().
+  // The result goes to next_upload_copy(); `fused`: the window's closing step was packed
+  // there (closing_into_upload_).
   void start_update(bool fused);
   void finish_update(double* stall);
   void flush_internal();
@@ -507,8 +508,8 @@ class Engine {
 
   // host buffers: the ones a copy lane touches are pinned
   // The upload copies U[0] and, where a closing step can find the last result still owed,
-  // U[1] (upload_copies_), upload_stride_ bytes apart, then (CUDA) the closing step's header
-  // headers at closing_header_at_.
+  // U[1] (upload_copies_), upload_stride_ bytes apart, then (CUDA) the closing steps'
+  // headers, one per copy, at closing_header_at_.
   PinnedBuffer upload_;
   size_t upload_bytes_ = 0, upload_stride_ = 0, closing_header_at_ = 0;
   int upload_copies_ = 1;
@@ -541,7 +542,6 @@ class Engine {
   // This step closes its window and packs into U (closing_step_into_upload); the header's
   // copy down, which the fused update waits for (CUDA).
   bool closing_into_upload_ = false;
-  int closing_buffer_ = 0;
   bool fuse_window_close_ = true;
   Event closing_copied_;
   std::vector<size_t> bucket_pending_;  // per bucket: matrices not submitted yet

@@ -23,7 +23,6 @@ void Engine::step(const zf_tensor* grads, size_t count, const double* lrs, size_
   if (agree(Agreement::kStep, [&] { check_step_arguments(grads, count, lrs, lr_count); }))
     return step_as_split(grads, lrs, lr_count);
   closing_into_upload_ = closing_step_into_upload();
-  closing_buffer_ = next_upload_copy();
   run_step(grads, lrs, false);
 }
 
@@ -97,7 +96,6 @@ void Engine::open_split_step(const double* lrs, size_t lr_count) {
   // a selection step) packs and copies it down.
   early_ = !next_step_selects() && !parallel();
   closing_into_upload_ = closing_step_into_upload();
-  closing_buffer_ = next_upload_copy();
   if (early_ || parallel()) start_split_reductions();
   in_split_step_ = true;
 }
@@ -822,21 +820,20 @@ void Engine::defer_bucket(Bucket& b, const zf_tensor* grads) {
   if (b.packed_bytes == 0) return;
   if (closing_into_upload_) {
     pack_into_upload(b, grads);
-    add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
-    return;
+  } else {
+    const StagingRing::Slot slot = pack_into_next_slot(b, grads);
+    uint8_t* at = ring_.device_slot(slot.device);
+    const auto* scalars = reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_);
+    backend_->copy_device(at, &scalars->grad_scale, sizeof(SlotHeader));
+    Event copied;
+    if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
+      backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
+      backend_->copy_down(ring_.host_slot(slot.host), at, kSlotHeaderBytes + b.packed_bytes);
+      copied = backend_->record(Lane::kDown);
+      ring_.set_copied(slot.device, copied);
+    }
+    ring_.set_job(slot.host, submit_slot_accumulate(b, slot.host, copied));
   }
-  const StagingRing::Slot slot = pack_into_next_slot(b, grads);
-  uint8_t* at = ring_.device_slot(slot.device);
-  const auto* scalars = reinterpret_cast<const StepScalars*>(arena_.base() + scalars_offset_);
-  backend_->copy_device(at, &scalars->grad_scale, sizeof(SlotHeader));
-  Event copied;
-  if (!backend_->host_visible()) {  // the host backend's host lane reads the slot in place
-    backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-    backend_->copy_down(ring_.host_slot(slot.host), at, kSlotHeaderBytes + b.packed_bytes);
-    copied = backend_->record(Lane::kDown);
-    ring_.set_copied(slot.device, copied);
-  }
-  ring_.set_job(slot.host, submit_slot_accumulate(b, slot.host, copied));
   add_saturating(bytes_down_, static_cast<int64_t>(b.packed_bytes));
 }
 
@@ -865,7 +862,8 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
   // there before writing its result over it: no accumulate reads the slot and writes A, and
   // the update does not read A back for this step (issue 29's floor).
   bind_gradients(b, grads);
-  uint8_t* in_upload = upload_copy(closing_buffer_) + b.upload_offset;
+  const int buffer = next_upload_copy();
+  uint8_t* in_upload = upload_copy(buffer) + b.upload_offset;
   if (backend_->host_visible()) {  // the host backend's "device" memory is the host's
     backend_->pack(*b.pack, b.matrix_tensors.data(), b.selected_ptrs.data(), in_upload);
     return;
@@ -877,7 +875,7 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
   // The last result's copies up have read U (implied today: the compute lane waited for each
   // before its scatter, and the pack above follows those; explicit, so as not to rest on it).
-  backend_->wait(Lane::kDown, window_.uploaded(closing_buffer_));
+  backend_->wait(Lane::kDown, window_.uploaded(buffer));
   backend_->copy_down(in_upload, at, b.packed_bytes);
   ring_.set_copied(device, backend_->record(Lane::kDown));
 }
@@ -885,13 +883,13 @@ void Engine::pack_into_upload(Bucket& b, const zf_tensor* grads) {
 void Engine::write_closing_header(const StepScalars* scalars) {
   // One header for every bucket of the step (they share its scalars), after every pack's copy
   // down on the down lane: its event covers them all.
-  uint8_t* device_header =
-      arena_.base() + closing_header_offset_ + static_cast<size_t>(closing_buffer_) * kSlotHeaderBytes;
+  const int buffer = next_upload_copy();
+  uint8_t* device_header = arena_.base() + closing_header_offset_ + static_cast<size_t>(buffer) * kSlotHeaderBytes;
   backend_->copy_device(device_header, &scalars->grad_scale, sizeof(SlotHeader));
   closing_copied_ = nullptr;
   if (backend_->host_visible()) return;
   backend_->wait(Lane::kDown, backend_->record(Lane::kCompute));
-  backend_->copy_down(closing_header(closing_buffer_), device_header, sizeof(SlotHeader));
+  backend_->copy_down(closing_header(buffer), device_header, sizeof(SlotHeader));
   closing_copied_ = backend_->record(Lane::kDown);
 }
 
@@ -930,7 +928,9 @@ void Engine::start_update(bool fused) {
   // step's packed gradient is in U: the update adds it to A (or to zeros, in a window whose
   // A holds nothing) as that step's accumulate would have, in registers.
   std::vector<WorkQueue::Chunk> chunks;
-  const int buffer = fused ? closing_buffer_ : next_upload_copy();
+  // Fused, this is the copy the closing step was packed into: nothing between the packs and
+  // here writes a result (a selection's flush lands its own before them).
+  const int buffer = next_upload_copy();
   const uint8_t* header = fused ? closing_header(buffer) : nullptr;
   const Event header_copied = closing_copied_;
   const int acc = window_.filling();

@@ -119,11 +119,10 @@ def run_engine(
         config.steps = steps
     if reserved is not None:
         config.reserved = reserved
-    for text in settings or []:
-        from .accuracy import parse_setting
+    if settings:
+        from .accuracy import parse_setting  # the accuracy benchmark's key=value parsing
 
-        name, options = parse_setting(text)
-        config.settings[name] = options
+        config.settings.update(parse_setting(text) for text in settings)
     report = Report("engine", command, roofs=_roofs(["cpu"], quick, progress), interleaved=False)
     sections, notes, facts = engine.run(config, progress)
     report.sections += sections
