@@ -205,6 +205,7 @@ void fuzz_engine(Input& in, Arena& arena) {
   config.overlap_step = in.byte() % 2;
   // From a byte already read, so that the corpus's inputs keep their meaning.
   config.release_gradients = config.bucket_bytes % 3 == 0 ? 1 : 0;
+  config.window_scaling = static_cast<zf_window_scaling>((config.bucket_bytes / 3) % 3);
   if (in.byte() % 4 == 0) {
     config.select_strategy = static_cast<zf_select_strategy>(in.byte() % 4);
     config.select_interval = static_cast<int64_t>(in.byte() % 4) - 1;

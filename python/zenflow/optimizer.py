@@ -49,13 +49,16 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             opt.zero_grad()
         opt.flush()  # the parameters now hold the exact current weights
 
-    Which regime. Fine-tuning at the defaults ended +2.0% to +2.6% above AdamW's held-out
-    loss on the demo's models; update_interval=1, topk_ratio=0.3 ended +0.06% to +0.48% (a
-    host update every step, device state for 30% of the columns). From scratch the defaults
-    lose more (+6.6% to +19.5%, tiny GPT-2- and Llama-style models, 600 steps);
-    update_interval=1, topk_ratio=0.3, full_warm_up_rounds=200 (the first 200 steps
-    synchronous) ended within 1.7% (benchmarks/results/2026-12-06-accuracy-regimes.md). A
-    window's host result lands `update_lag` (1) steps into the next window; raise it if
+    Which regime. A deferred column gets one host update per window, standing for the
+    window's steps (`window_scaling="sqrt"`: lr * sqrt(S), moments decayed by beta^S; "none"
+    is one plain Adam step per window). Fine-tuning at the defaults ended +0.6% to +0.8%
+    above AdamW's held-out loss on the demo's models (+2.0% to +2.6% with "none"). From
+    scratch, start synchronously: with full_warm_up_rounds=200 (the first 200 steps as
+    synchronous offload) the defaults ended within 4.3% on tiny GPT-2- and Llama-style models
+    after 600 steps, and update_interval=1, topk_ratio=0.3, full_warm_up_rounds=200 within
+    1.7%; without the start the defaults lose +3% to +17%, most at a high lr
+    (benchmarks/results/2026-12-06-window-scaling.md). A window's host result lands
+    `update_lag` (1) steps into the next window; raise it if
     stats()["stall_seconds_window_close"] grows.
 
     Parameters and groups. Parameters are updated in place and must stay where they are
@@ -187,6 +190,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         min_loss_scale: float | None = ENGINE_DEFAULTS["min_loss_scale"],
         update_lag: int | str = ENGINE_DEFAULTS["update_lag"],
         release_gradients: bool = ENGINE_DEFAULTS["release_gradients"],
+        window_scaling: str = ENGINE_DEFAULTS["window_scaling"],
         limit_torch_threads: bool = True,
         process_group: Any = None,
     ):

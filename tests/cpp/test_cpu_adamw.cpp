@@ -696,6 +696,74 @@ TEST(SkipColumnsFlags, PlanSaturatesACountAtInt32Max) {
   EXPECT_EQ(below_max[0].steps, expected_below_max);
 }
 
+// ---- a column step standing for several steps (AdamRunValues::step_span) ----
+
+// With step_span S the unselected columns get one update standing for S steps of the same
+// gradient: moments decayed by beta^S, counts advanced by S (saturating at INT32_MAX), bias
+// corrections from the advanced count. Checked against float64 at every level this CPU has,
+// for spans 1 to 16 and counts from 0 to near INT32_MAX; span 1 is bitwise the plain step.
+TEST(ColumnStepSpan, StandsForSpanStepsOfOneGradientWithinFloat32OfFloat64) {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> normal;
+  const int64_t n = 37, m = 13;  // primes: vector bodies and tails
+  const ColumnMatrix start = [&] {
+    ColumnMatrix c = random_column_matrix(n, m, {3, 4, 30}, rng);
+    for (int64_t j = 0; j < n; ++j) c.steps[static_cast<size_t>(j)] = j < 5 ? 0 : (j > 33 ? INT32_MAX - 2 : 17);
+    return c;
+  }();
+  std::vector<float> grad(static_cast<size_t>(n * m));
+  for (float& g : grad) g = normal(rng);
+  const double lr = kLr, weight_decay = kWeightDecay;
+  const zf_adam_hparams hparams = zenflow::adam_hparams();
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    for (const int32_t span : {1, 2, 3, 4, 7, 16}) {
+      ColumnMatrix got = start;
+      const zf_column_state state = got.state();
+      const zf_tensor selected = got.selected_tensor();
+      const zf_tensor grad_tensor = f32_tensor(grad, {n, m});
+      zf::ColumnStepPlan plan;
+      plan.build(&state, &selected, 1, &grad_tensor, nullptr, nullptr);
+      zf::AdamRunValues values{&lr, &weight_decay, hparams, 0.5f, ZF_CPU_ADAMW_INCREMENT_STEPS};
+      values.step_span = span;
+      plan.run(*zf::global_thread_pool(), zf::ColumnStepPointers{&state, &grad_tensor, nullptr, nullptr}, values);
+      const std::string where = std::string(zf_simd_level_name(level)) + " span " + std::to_string(span);
+      if (span == 1) {  // the default values: the plain step, bit for bit
+        ColumnMatrix plain = start;
+        const zf_column_state plain_state = plain.state();
+        zf::ColumnStepPlan plain_plan;
+        plain_plan.build(&plain_state, &selected, 1, &grad_tensor, nullptr, nullptr);
+        plain_plan.run(*zf::global_thread_pool(), zf::ColumnStepPointers{&plain_state, &grad_tensor, nullptr, nullptr},
+                       zf::AdamRunValues{&lr, &weight_decay, hparams, 0.5f, ZF_CPU_ADAMW_INCREMENT_STEPS});
+        EXPECT_TRUE(got == plain) << where;
+      }
+      const double d1 = std::pow(hparams.beta1, span), d2 = std::pow(hparams.beta2, span);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t before = start.steps[static_cast<size_t>(j)];
+        if (start.is_selected(j)) {
+          EXPECT_EQ(got.steps[static_cast<size_t>(j)], before) << where;
+          continue;
+        }
+        const int64_t count = std::min<int64_t>(before + span, INT32_MAX);
+        ASSERT_EQ(got.steps[static_cast<size_t>(j)], count) << where << " column " << j;
+        const double bc1 = 1.0 - std::pow(hparams.beta1, static_cast<double>(count));
+        const double bc2 = 1.0 - std::pow(hparams.beta2, static_cast<double>(count));
+        for (int64_t r = 0; r < m; ++r) {
+          const size_t e = start.index(j, r);
+          const double g = 0.5 * grad[static_cast<size_t>(j * m + r)];
+          const double mom = d1 * start.exp_avg[e] + (1.0 - d1) * g;
+          const double var = d2 * start.exp_avg_sq[e] + (1.0 - d2) * g * g;
+          const double p = start.master[e] * (1.0 - lr * weight_decay) -
+                           lr / bc1 * mom / (std::sqrt(var) / std::sqrt(bc2) + hparams.eps);
+          EXPECT_NEAR(got.exp_avg[e], mom, 1e-6 * (1.0 + std::fabs(mom))) << where;
+          EXPECT_NEAR(got.exp_avg_sq[e], var, 1e-6 * (1.0 + std::fabs(var))) << where;
+          EXPECT_NEAR(got.master[e], p, 2e-6 * (1.0 + std::fabs(p))) << where << " column " << j << " row " << r;
+        }
+      }
+    }
+  }
+}
+
 // ---- accumulate ----
 
 class Accumulate : public ::testing::TestWithParam<std::tuple<zf_simd_level, zf_dtype>> {};

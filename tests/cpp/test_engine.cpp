@@ -595,3 +595,25 @@ TEST(EngineShapes, ScalarsTinyMatricesAndAnEmptyModel) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every window_scaling against the reference: windows of 3 after 2 warm-up steps, overlap
+// with update_lag 1, re-selections, clipping, and a final flush of a 2-step partial window
+// (its update stands for 2 steps).
+TEST(EngineWindowScaling, EachScalingFollowsTheReference) {
+  for (const zf_window_scaling scaling : {ZF_WINDOW_SCALING_NONE, ZF_WINDOW_SCALING_SQRT, ZF_WINDOW_SCALING_LINEAR}) {
+    SCOPED_TRACE(static_cast<int>(scaling));
+    RefConfig rc;
+    rc.topk_ratio = 0.3;
+    rc.update_interval = 3;
+    rc.update_lag = 1;
+    rc.warm_up = 2;
+    rc.select_interval = 6;
+    rc.max_grad_norm = 6.0;
+    rc.window_scaling = scaling;
+    expect_follows_reference(rc, 16);
+  }
+}
+
+}  // namespace

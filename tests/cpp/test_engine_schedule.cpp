@@ -2,6 +2,7 @@
 // selection periods, and the auto interval rule on scripted energies.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/error.hpp"
@@ -183,6 +184,47 @@ TEST(EngineSchedule, EpochPeriodPastInt64MaxIsNever) {
   EXPECT_EQ(Schedule(c).select_period(), INT64_MAX / 3 * 3);
   const Trace t = run(c, 5);
   EXPECT_EQ(t.selects, (std::vector<int64_t>{1}));
+}
+
+}  // namespace
+
+namespace {
+
+// The window update's values (window_scaling): none and one-step windows leave the closing
+// step's values; sqrt and linear scale the lr and spread AdamW's decay of S steps,
+// (1 - lr wd)^S, over the scaled lr; Adam's L2 coefficient is part of each gradient and stays.
+TEST(WindowStepValues, EachScalingAsDocumented) {
+  const double lr = 3e-3, wd = 0.1;
+  for (const zf_window_scaling scaling : {ZF_WINDOW_SCALING_NONE, ZF_WINDOW_SCALING_SQRT, ZF_WINDOW_SCALING_LINEAR}) {
+    const zf::WindowStepValues one = zf::window_step_values(scaling, 1, lr, wd, ZF_ADAM_MODE_ADAMW);
+    EXPECT_EQ(one.lr, lr);
+    EXPECT_EQ(one.weight_decay, wd);
+    EXPECT_EQ(one.span, 1);
+  }
+  const zf::WindowStepValues none = zf::window_step_values(ZF_WINDOW_SCALING_NONE, 4, lr, wd, ZF_ADAM_MODE_ADAMW);
+  EXPECT_EQ(none.lr, lr);
+  EXPECT_EQ(none.weight_decay, wd);
+  EXPECT_EQ(none.span, 1);
+  for (const int64_t steps : {2, 3, 4, 16, 1000}) {
+    const double s = static_cast<double>(steps);
+    const zf::WindowStepValues root = zf::window_step_values(ZF_WINDOW_SCALING_SQRT, steps, lr, wd, ZF_ADAM_MODE_ADAMW);
+    const zf::WindowStepValues linear =
+        zf::window_step_values(ZF_WINDOW_SCALING_LINEAR, steps, lr, wd, ZF_ADAM_MODE_ADAMW);
+    EXPECT_EQ(root.span, steps);
+    EXPECT_EQ(linear.span, steps);
+    EXPECT_DOUBLE_EQ(root.lr, lr * std::sqrt(s));
+    EXPECT_DOUBLE_EQ(linear.lr, lr * s);
+    const double decay = std::pow(1.0 - lr * wd, s);
+    EXPECT_NEAR(1.0 - root.lr * root.weight_decay, decay, 1e-15) << steps;
+    EXPECT_NEAR(1.0 - linear.lr * linear.weight_decay, decay, 1e-15) << steps;
+    const zf::WindowStepValues adam = zf::window_step_values(ZF_WINDOW_SCALING_SQRT, steps, lr, wd, ZF_ADAM_MODE_ADAM);
+    EXPECT_DOUBLE_EQ(adam.lr, lr * std::sqrt(s));
+    EXPECT_EQ(adam.weight_decay, wd);
+  }
+  // lr 0 (a schedule at its end): nothing moves, and the decay is not divided by 0
+  const zf::WindowStepValues still = zf::window_step_values(ZF_WINDOW_SCALING_SQRT, 4, 0.0, wd, ZF_ADAM_MODE_ADAMW);
+  EXPECT_EQ(still.lr, 0.0);
+  EXPECT_EQ(still.weight_decay, wd);
 }
 
 }  // namespace

@@ -140,6 +140,10 @@ struct RefConfig {
   int64_t select_interval = 0;  // strategy "step"; 0: select once
   double max_grad_norm = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // A window's host update: one plain step (NONE), or standing for the window's S steps: lr
+  // times sqrt(S) (SQRT) or S (LINEAR), moments decayed by beta^S, counts + S, AdamW's decay
+  // (1 - lr wd)^S.
+  zf_window_scaling window_scaling = ZF_WINDOW_SCALING_SQRT;
 };
 
 class Reference {
@@ -258,18 +262,23 @@ class Reference {
   };
   Hyper current() const { return hp_.has_value() ? *hp_ : Hyper{config_.beta1, config_.beta2, config_.eps, {}}; }
 
-  void adam_column(P& p, int64_t j, const HostTensor& grad, double scale, double lr, const Hyper& h, bool from_acc) {
+  // span > 1: a window's update standing for span steps, taken with step_lr.
+  void adam_column(P& p, int64_t j, const HostTensor& grad, double scale, double lr, const Hyper& h, bool from_acc,
+                   int64_t span = 1, double step_lr = -1.0) {
     const double wd = h.weight_decays.empty() ? p.weight_decay : h.weight_decays[static_cast<size_t>(p.group)];
-    const int64_t t = ++p.steps[static_cast<size_t>(j)];
+    if (step_lr < 0.0) step_lr = lr;
+    const int64_t t = (p.steps[static_cast<size_t>(j)] += span);
     const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(t));
+    const double d1 = std::pow(h.beta1, static_cast<double>(span));
+    const double d2 = std::pow(h.beta2, static_cast<double>(span));
     for (int64_t r = 0; r < p.rows; ++r) {
       const size_t e = static_cast<size_t>(r * p.cols + j);
       const double g = from_acc ? p.A[e] * scale : grad.get(static_cast<int64_t>(e)) * scale;
-      p.m[e] = h.beta1 * p.m[e] + (1.0 - h.beta1) * g;
-      p.v[e] = h.beta2 * p.v[e] + (1.0 - h.beta2) * g * g;
-      p.master[e] *= 1.0 - lr * wd;
-      p.master[e] -= lr * (p.m[e] / bc1) / (std::sqrt(p.v[e] / bc2) + h.eps);
+      p.m[e] = d1 * p.m[e] + (1.0 - d1) * g;
+      p.v[e] = d2 * p.v[e] + (1.0 - d2) * g * g;
+      p.master[e] *= std::pow(1.0 - lr * wd, static_cast<double>(span));
+      p.master[e] -= step_lr * (p.m[e] / bc1) / (std::sqrt(p.v[e] / bc2) + h.eps);
     }
   }
 
@@ -287,11 +296,15 @@ class Reference {
 
   void host_update() {
     const double scale = 1.0 / static_cast<double>(accumulated_);
+    const int64_t span = config_.window_scaling == ZF_WINDOW_SCALING_NONE ? 1 : accumulated_;
+    const double factor = config_.window_scaling == ZF_WINDOW_SCALING_SQRT ? std::sqrt(static_cast<double>(span))
+                                                                           : static_cast<double>(span);
     for (P& p : params_) {
       if (!p.matrix) continue;
+      const double lr = last_lrs_[p.group];
       for (int64_t j = 0; j < p.cols; ++j) {
         if (p.selected(j)) continue;
-        adam_column(p, j, HostTensor(), scale, last_lrs_[p.group], last_hp_, true);
+        adam_column(p, j, HostTensor(), scale, lr, last_hp_, true, span, lr * factor);
         for (int64_t r = 0; r < p.rows; ++r) p.A[r * p.cols + j] = 0.0;
       }
       p.pending = p.master;
@@ -328,6 +341,7 @@ inline zf_engine_config engine_config(const RefConfig& r) {
   c.select_strategy = ZF_SELECT_STEP;
   c.select_interval = r.select_interval;
   c.max_grad_norm = r.max_grad_norm;
+  c.window_scaling = r.window_scaling;
   return c;
 }
 

@@ -14,6 +14,10 @@ What it models, step by step (after validation and the finiteness check):
     preceded by a flush; top-k by column energy, ties to the lower index, sorted;
   * selected columns and dense parameters: AdamW every step; deferred columns: accumulated,
     one host AdamW per window with A / steps_accumulated and the last accumulated lr;
+    window_scaling "sqrt" / "linear" makes that update stand for the window's S steps
+    (S = steps_accumulated): lr * sqrt(S) or lr * S, moments decayed by beta^S, step counts
+    advanced by S (bias corrections 1 - beta^count with the betas themselves), and AdamW's
+    weight decay applied as S steps would, (1 - lr * wd)^S; "none": a plain step;
   * overlap: a window's host result reaches the visible weights at the next window's close,
     or with update_lag L after the L-th step of the next window (at its close if sooner);
   * flush(); dynamic loss scaling (skip everywhere, backoff, growth); a non-finite
@@ -76,6 +80,7 @@ DEFAULT_CONFIG = {
     "min_loss_scale": None,
     "bucket_bytes": 64 << 20,
     "staging_slots": 4,
+    "window_scaling": "sqrt",
 }
 
 STAT_KEYS = ("steps", "windows", "reselections", "skipped_steps", "bytes_down", "bytes_up")
@@ -97,17 +102,21 @@ def topk_columns(score: np.ndarray, k: int) -> np.ndarray:
     return np.array(sorted(order[:k]), dtype=np.int64)
 
 
-def adamw_(p, m, v, g, steps, lr, wd, b1, b2, eps):
+def adamw_(p, m, v, g, steps, lr, wd, b1, b2, eps, span=1, step_lr=None):
     """torch.optim.AdamW's formula in place; `steps` = counts after incrementing (broadcast
-    along the last axis: one per column for a matrix block)."""
+    along the last axis: one per column for a matrix block). span > 1: one update standing for
+    `span` steps of gradient g: decay (1 - lr * wd)^span, moments decayed by beta^span, the
+    step taken with step_lr; the bias corrections follow `steps` as always."""
     bc1 = 1.0 - b1 ** steps.astype(np.float64)
     bc2 = 1.0 - b2 ** steps.astype(np.float64)
-    p *= 1.0 - lr * wd
-    m *= b1
-    m += (1.0 - b1) * g
-    v *= b2
-    v += (1.0 - b2) * g * g
-    p -= (lr / bc1) * m / (np.sqrt(v) / np.sqrt(bc2) + eps)
+    step_lr = lr if step_lr is None else step_lr
+    p *= (1.0 - lr * wd) ** span
+    d1, d2 = b1**span, b2**span
+    m *= d1
+    m += (1.0 - d1) * g
+    v *= d2
+    v += (1.0 - d2) * g * g
+    p -= (step_lr / bc1) * m / (np.sqrt(v) / np.sqrt(bc2) + eps)
 
 
 class _Param:
@@ -221,6 +230,8 @@ class ReferenceZenFlow:
             raise ValueError("config: selection_score must be 'step' or 'window'")
         if cfg["loss_scaling"] not in ("none", "dynamic"):
             raise ValueError("config: loss_scaling must be 'none' or 'dynamic'")
+        if cfg["window_scaling"] not in ("none", "sqrt", "linear"):
+            raise ValueError("config: window_scaling must be 'none', 'sqrt' or 'linear'")
         if cfg["max_update_interval"] < 1:
             raise ValueError("config: max_update_interval must be >= 1")
 
@@ -351,15 +362,21 @@ class ReferenceZenFlow:
         adamw_(p.master, p.exp_avg, p.exp_avg_sq, g, p.steps, lr, wds[p.group], b1, b2, eps)
         p.weights[...] = p.master
 
-    def _adamw_columns(self, p: _Param, cols: np.ndarray, g: np.ndarray, lr: float, hparams=None):
+    def _adamw_columns(
+        self, p: _Param, cols: np.ndarray, g: np.ndarray, lr: float, hparams=None, span=1
+    ):
         """AdamW on the columns `cols` of a matrix with gradient block g [m, len(cols)], with
-        `hparams` (betas, eps, weight decays; default: the current ones)."""
+        `hparams` (betas, eps, weight decays; default: the current ones); span > 1: the window
+        update standing for `span` steps (window_scaling)."""
         (b1, b2), eps, wds = hparams if hparams is not None else self.hyperparameters()
         if len(cols) == 0:
             return
         master, m, v = p.master[:, cols], p.exp_avg[:, cols], p.exp_avg_sq[:, cols]
-        p.steps[cols] += 1
-        adamw_(master, m, v, g, p.steps[cols], lr, wds[p.group], b1, b2, eps)
+        p.steps[cols] += span
+        step_lr = lr
+        if span > 1:
+            step_lr = lr * (math.sqrt(span) if self.config["window_scaling"] == "sqrt" else span)
+        adamw_(master, m, v, g, p.steps[cols], lr, wds[p.group], b1, b2, eps, span, step_lr)
         p.master[:, cols], p.exp_avg[:, cols], p.exp_avg_sq[:, cols] = master, m, v
 
     def _windowed_step(self, raw, used, grad_sizes, lrs):
@@ -456,7 +473,8 @@ class ReferenceZenFlow:
                 continue
             g = p.accum[:, unsel] / self.steps_accumulated
             lr = self.last_accumulated_lrs[p.group]
-            self._adamw_columns(p, unsel, g, lr, self.last_accumulated_hparams)
+            span = 1 if self.config["window_scaling"] == "none" else self.steps_accumulated
+            self._adamw_columns(p, unsel, g, lr, self.last_accumulated_hparams, span)
             p.accum[:, unsel] = 0.0
             results.append((p, unsel, p.master[:, unsel].copy()))
         self.steps_accumulated = 0

@@ -161,6 +161,7 @@ def staleness_engine(overlap):
         update_lag="window",
         betas=(0.0, 0.0),
         eps=1e-8,
+        window_scaling="none",  # each window's update moves a column by -1: timing only
     )
     return ReferenceZenFlow([param], [{"params": [0], "lr": 1.0, "weight_decay": 0.0}], config)
 
@@ -605,7 +606,14 @@ def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
         {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
         {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
     ]
-    config = dict(topk_ratio=0.0, update_interval=3, overlap_step=False, betas=BETAS, eps=EPS)
+    config = dict(
+        topk_ratio=0.0,
+        update_interval=3,
+        overlap_step=False,
+        betas=BETAS,
+        eps=EPS,
+        window_scaling="none",
+    )
     ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
     tp = [params[i].clone().requires_grad_() for i in matrices]
     opt = torch.optim.AdamW(
@@ -632,6 +640,56 @@ def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
             np.testing.assert_allclose(
                 ref.weights(j), p.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=f"step {t}"
             )
+
+
+@pytest.mark.parametrize("scaling", ["sqrt", "linear"])
+def test_a_scaled_window_update_is_adamw_over_the_window_with_window_betas(scaling):
+    """window_scaling sqrt / linear, topk 0, S = 3, no overlap: the update that stands for a
+    window's 3 steps is torch.optim.AdamW applied once per window to the mean gradient with
+    betas (beta1^3, beta2^3), lr * sqrt(3) (or * 3) and the weight decay that makes its decay
+    (1 - lr wd)^3. torch counts windows, the reference steps: torch's bias corrections
+    (beta^3)^windows are the reference's beta^steps."""
+    matrices = [0, 1, 2, 3]
+    params = initial_params()
+    groups = [
+        {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
+        {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
+    ]
+    config = dict(
+        topk_ratio=0.0,
+        update_interval=3,
+        overlap_step=False,
+        betas=BETAS,
+        eps=EPS,
+        window_scaling=scaling,
+    )
+    ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
+    tp = [params[i].clone().requires_grad_() for i in matrices]
+    window_betas = (BETAS[0] ** 3, BETAS[1] ** 3)
+    opt = torch.optim.AdamW(
+        [{**g, "params": [tp[i] for i in g["params"]]} for g in groups],
+        betas=window_betas,
+        eps=EPS,
+        foreach=False,
+    )
+    factor = math.sqrt(3) if scaling == "sqrt" else 3.0
+    grad_seq = gradient_sequence(STEPS)
+    for t in range(1, STEPS + 1):
+        lrs = [1e-2 * t, 3e-2 / t]
+        ref.step([grad_seq[t - 1][i] for i in matrices], lrs)
+        if t % 3 == 0:
+            for j, p in enumerate(tp):
+                p.grad = sum(grad_seq[s - 1][matrices[j]] for s in (t - 2, t - 1, t)) / 3
+            for group, base, lr in zip(opt.param_groups, groups, lrs):
+                decay = (1.0 - lr * base["weight_decay"]) ** 3
+                group.update(lr=lr * factor, weight_decay=(1.0 - decay) / (lr * factor))
+            opt.step()
+        for j, p in enumerate(tp):
+            np.testing.assert_allclose(
+                ref.weights(j), p.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=f"step {t}"
+            )
+        if t % 3 == 0:
+            np.testing.assert_array_equal(ref.state(0)["steps"], t)  # counts in steps
 
 
 # ---- per-step hyper-parameters ----
@@ -684,7 +742,14 @@ def test_a_windows_host_update_takes_its_last_steps_hyperparameters():
         {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
         {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
     ]
-    config = dict(topk_ratio=0.0, update_interval=3, overlap_step=False, betas=BETAS, eps=EPS)
+    config = dict(
+        topk_ratio=0.0,
+        update_interval=3,
+        overlap_step=False,
+        betas=BETAS,
+        eps=EPS,
+        window_scaling="none",
+    )
     ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
     tp = [params[i].clone().requires_grad_() for i in matrices]
     opt = torch.optim.AdamW(

@@ -87,6 +87,19 @@ typedef enum zf_loss_scaling {
   ZF_LOSS_SCALING_DYNAMIC = 1 /* torch.amp.GradScaler's rule; overflow steps are skipped */
 } zf_loss_scaling;
 
+/* How a window's host update steps its deferred columns (since 0.1.0, 2026-12-06). A window
+ * of S steps gives each deferred column one Adam update with the mean of its S gradients,
+ * where AdamW would have taken S steps. */
+typedef enum zf_window_scaling {
+  ZF_WINDOW_SCALING_NONE = 0,  /* one plain Adam step: the closing step's lr, betas and weight
+                                * decay, the step count + 1 (DeepSpeed's ZenFlow) */
+  ZF_WINDOW_SCALING_SQRT = 1,  /* the update stands for the window's S steps: lr * sqrt(S), the
+                                * moments decay by beta^S, the step count + S (the bias
+                                * corrections count steps), AdamW's decay of S steps (lr * wd * S
+                                * in all) -- Adam's square-root rule for a batch S times larger */
+  ZF_WINDOW_SCALING_LINEAR = 2 /* the same with lr * S */
+} zf_window_scaling;
+
 /*
  * Configuration. Start from zf_engine_config_default() and change fields.
  */
@@ -147,6 +160,10 @@ typedef struct zf_engine_config {
    * every bucket of a step is consumed during backward; the device keeps staging_slots. 0
    * (default): the caller's gradients stay valid and are read until end_step. */
   int32_t release_gradients;
+  /* SQRT (since 0.1.0, 2026-12-06): see zf_window_scaling. Measured on the demo's fine-tuning
+   * and from scratch (benchmarks/results/2026-12-06-window-scaling.md). NONE is the arithmetic
+   * before it. */
+  zf_window_scaling window_scaling;
 } zf_engine_config;
 
 /*

@@ -36,6 +36,12 @@ struct AdamHyperParams {
   double eps;
   double weight_decay;
   bool decoupled;  // true: AdamW (decoupled weight decay); false: Adam with L2 penalty
+  // The training steps this update stands for, >= 1: the engine's window update under
+  // window_scaling passes the window's steps. The moments then decay as over `span` steps
+  // (beta^span), and the caller advances the step count by span
+  // (adam_next_step_count(count, span)), so that the bias corrections, 1 - beta^step, count
+  // steps wherever a column is updated. 1: one step, the plain Adam update.
+  int64_t span = 1;
 };
 
 // Everything the element update needs for one bias-correction step.
@@ -144,8 +150,10 @@ ZF_HOST_DEVICE static inline double adam_beta_power(double beta, int64_t step) {
 // them, where the CUDA kernels read counts the host never sees: a negative count counts as 0
 // and a count at INT32_MAX stays there, so no path ever computes INT32_MAX + 1 (signed
 // overflow). Host twins and kernels share it, so they agree even there.
-ZF_HOST_DEVICE static inline int32_t adam_next_step_count(int32_t count_before) {
-  return count_before < 0 ? 1 : (count_before == INT32_MAX ? INT32_MAX : count_before + 1);
+// `span` (>= 1) is the steps the update stands for (AdamHyperParams::span).
+ZF_HOST_DEVICE static inline int32_t adam_next_step_count(int32_t count_before, int32_t span = 1) {
+  if (count_before < 0) count_before = 0;
+  return count_before > INT32_MAX - span ? INT32_MAX : count_before + span;
 }
 
 // Everything but the step is per (lr, weight decay): computed once per call or per block.
@@ -153,6 +161,9 @@ ZF_HOST_DEVICE static inline int32_t adam_next_step_count(int32_t count_before) 
 ZF_HOST_DEVICE static inline AdamStepScalars adam_step_scalars(const AdamHyperParams& h, int64_t step) {
   const double bc1 = adam_sub_f64(1.0, adam_beta_power(h.beta1, step));
   const double bc2 = adam_sub_f64(1.0, adam_beta_power(h.beta2, step));
+  // The moments' decay over the update's span (the betas themselves for one step).
+  const double beta1 = h.span > 1 ? adam_beta_power(h.beta1, h.span) : h.beta1;
+  const double beta2 = h.span > 1 ? adam_beta_power(h.beta2, h.span) : h.beta2;
   AdamStepScalars s;
   s.neg_step_size = static_cast<float>(-adam_div_f64(h.lr, bc1));
   // torch: bias_correction2 ** 0.5; sqrt is correctly rounded everywhere, pow(x, 0.5) is not.
@@ -160,11 +171,11 @@ ZF_HOST_DEVICE static inline AdamStepScalars adam_step_scalars(const AdamHyperPa
   s.decay_factor = h.decoupled ? static_cast<float>(adam_sub_f64(1.0, adam_mul_f64(h.lr, h.weight_decay))) : 1.0f;
   s.l2 = h.decoupled ? 0.0f : static_cast<float>(h.weight_decay);
   s.apply_l2 = !h.decoupled && h.weight_decay != 0.0;
-  const float lerp_weight = static_cast<float>(adam_sub_f64(1.0, h.beta1));
+  const float lerp_weight = static_cast<float>(adam_sub_f64(1.0, beta1));
   s.lerp_from_grad = !(std::fabs(lerp_weight) < 0.5f);
   s.lerp_coeff = s.lerp_from_grad ? adam_sub(lerp_weight, 1.0f) : lerp_weight;
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta2 = static_cast<float>(adam_sub_f64(1.0, h.beta2));
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(adam_sub_f64(1.0, beta2));
   s.eps = static_cast<float>(h.eps);
   return s;
 }

@@ -65,7 +65,9 @@ const Row kRows[] = {
       "DeepSpeed's \"auto\""},
      4},
     {{"full_warm_up_rounds", ZF_CONFIG_INT, ZF_FIELD(full_warm_up_rounds), 0, kIntMax, 0, 0, "", "", "0", ">= 0",
-      "first steps that update every column on the device (no offload)", ZF_ZENFLOW("full_warm_up_rounds"), "", ""},
+      "first steps that run as synchronous offload: every column updated on the host after each step, waited for "
+      "(no selection, no overlap)",
+      ZF_ZENFLOW("full_warm_up_rounds"), "", ""},
      0},
     {{"overlap_step", ZF_CONFIG_BOOL, ZF_FIELD(overlap_step), 0, 1, 0, 0, "", "", "true", "true or false",
       "a window's host update runs beside the next window and lands at its close (one window late)",
@@ -173,6 +175,15 @@ const Row kRows[] = {
       "taken, deferred columns on their way to the host, selected columns copied); results unchanged",
       "", "", ""},
      0},
+    {{"window_scaling", ZF_CONFIG_CHOICE, ZF_FIELD(window_scaling), 0, 0, 0, 0, "", "none,sqrt,linear", "sqrt",
+      "none, sqrt or linear",
+      "a window's host update of its deferred columns stands for the window's S steps: moments decayed by beta^S, "
+      "step counts + S, AdamW's decay of S steps, lr * sqrt(S) (sqrt) or lr * S (linear); none: one plain Adam "
+      "step per window",
+      "", "",
+      "DeepSpeed's ZenFlow takes one plain Adam step per window (none); zenflow's default sqrt measured closer to "
+      "AdamW (benchmarks/results/2026-12-06-window-scaling.md)"},
+     ZF_WINDOW_SCALING_SQRT},
 };
 
 #undef ZF_FIELD

@@ -1,12 +1,30 @@
 #include "engine/schedule.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <limits>
 
+#include "common/adam_math.hpp"
 #include "common/error.hpp"
 
 namespace zf {
 
 Schedule::Schedule(const ScheduleConfig& config) : config_(config) {}
+
+WindowStepValues window_step_values(zf_window_scaling scaling, int64_t steps, double lr, double weight_decay,
+                                    zf_adam_mode mode) {
+  if (scaling == ZF_WINDOW_SCALING_NONE || steps <= 1) return {lr, weight_decay, 1};
+  const int32_t span = static_cast<int32_t>(std::min<int64_t>(steps, INT32_MAX));
+  const double s = static_cast<double>(span);
+  const double scaled_lr = lr * (scaling == ZF_WINDOW_SCALING_SQRT ? std::sqrt(s) : s);
+  if (mode != ZF_ADAM_MODE_ADAMW || scaled_lr == 0.0) return {scaled_lr, weight_decay, span};
+  // AdamW's decay of S steps, (1 - lr * wd)^S, as the one factor 1 - scaled_lr * wd' that
+  // the kernel forms. (Adam's L2 term is part of each gradient, so the mean gradient's own
+  // term is already the window's.)
+  const double decay = adam_beta_power(1.0 - lr * weight_decay, span);
+  return {scaled_lr, (1.0 - decay) / scaled_lr, span};
+}
 
 int64_t Schedule::select_period() const {
   const int64_t never = std::numeric_limits<int64_t>::max();

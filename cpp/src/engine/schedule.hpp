@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "zenflow/engine.h"
+#include "zenflow/optim.h"
 
 namespace zf {
 
@@ -41,6 +42,17 @@ struct ScheduleConfig {
   int64_t steps_per_epoch = 0;
   int64_t update_lag = 0;  // 0: an overlapped update lands at the next close
 };
+
+// The values of a window's host update (config window_scaling, engine.h zf_window_scaling)
+// for one group, from the lr and weight decay of the window's closing step: `steps` (>= 1) is
+// the steps accumulated in the window. span: AdamRunValues::step_span.
+struct WindowStepValues {
+  double lr;
+  double weight_decay;
+  int32_t span;
+};
+WindowStepValues window_step_values(zf_window_scaling scaling, int64_t steps, double lr, double weight_decay,
+                                    zf_adam_mode mode);
 
 // One matrix's window sums for the auto rule.
 struct MatrixEnergy {

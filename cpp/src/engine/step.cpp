@@ -946,18 +946,22 @@ void Engine::start_update(bool fused) {
     any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
     if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
     const size_t group = static_cast<size_t>(params_[m.param].group);
-    const double lr = window_.lr(group);
-    const double wd = window_.weight_decay(group);
+    const zf_adam_hparams hparams = window_.hparams();
+    const WindowStepValues step_values = window_step_values(config_.window_scaling, window_.steps(), window_.lr(group),
+                                                            window_.weight_decay(group), hparams.mode);
+    const double lr = step_values.lr;
+    const double wd = step_values.weight_decay;
+    const int32_t span = step_values.span;
     uint8_t* out = upload_copy(buffer) + m.upload_offset;
     const zf_dtype out_dtype = buckets_[m.bucket].dtype;
-    const zf_adam_hparams hparams = window_.hparams();
     Backend* backend = backend_.get();
     const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
-    chunks.push_back([this, &m, acc, scale, lr, wd, out, out_dtype, hparams, backend, uploaded, window_elements, header,
-                      header_copied](ThreadPool& pool) {
+    chunks.push_back([this, &m, acc, scale, lr, wd, span, out, out_dtype, hparams, backend, uploaded, window_elements,
+                      header, header_copied](ThreadPool& pool) {
       backend->host_wait(uploaded);
       const zf_column_state state = host_state(m, true);
       AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
+      values.step_span = span;
       // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
       // master (when held), m, v read and written back but A; the upload copy written in
       // the weights' dtype; per column its step count.

@@ -131,8 +131,9 @@ void check_flags(uint32_t flags, uint32_t allowed) {
 
 // ---- StepScalarTable ----
 
-void StepScalarTable::reset(const zf_adam_hparams& hparams) {
+void StepScalarTable::reset(const zf_adam_hparams& hparams, int32_t span) {
   hparams_ = hparams;
+  span_ = span;
   keys_.clear();
   scalars_.clear();
   std::fill(slots_.begin(), slots_.end(), -1);
@@ -179,6 +180,7 @@ int32_t StepScalarTable::index_of(double lr, double weight_decay, int64_t step) 
     hyper.eps = hparams_.eps;
     hyper.weight_decay = weight_decay;
     hyper.decoupled = hparams_.mode == ZF_ADAM_MODE_ADAMW;
+    hyper.span = span_;
     scalars_.push_back(adam_step_scalars(hyper, step));
   }
   last_key_ = key;
@@ -419,7 +421,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
   // Serial pass over the unselected columns (a few per thousand elements of work): cut the
   // runs where the step count changes, find each stretch's scalars, and increment counts.
   const bool increment = (values.flags & ZF_CPU_ADAMW_INCREMENT_STEPS) != 0;
-  scalars_.reset(values.hparams);
+  scalars_.reset(values.hparams, values.step_span);
   pieces_.clear();
   for (const ColumnRun& run : runs_) {
     const size_t i = run.matrix;
@@ -432,7 +434,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
       const int32_t count = counts[column];
       int64_t stop = column + 1;
       while (stop < end && counts[stop] == count) ++stop;
-      const int32_t step = increment ? adam_next_step_count(count) : count;
+      const int32_t step = increment ? adam_next_step_count(count, values.step_span) : count;
       if (increment) std::fill(counts + column, counts + stop, step);
       const int64_t packed_offset = layout_.index(i, packed_column, 0);
       pieces_.add(i, column * matrix.rows, packed_grads_ ? packed_offset : column * matrix.rows, packed_offset,

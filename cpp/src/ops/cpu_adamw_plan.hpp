@@ -111,8 +111,9 @@ class PieceList {
 // each computed once: an open-addressing table whose storage is kept across runs.
 class StepScalarTable {
  public:
-  // Forgets every entry and sets the hyper-parameters that all entries share.
-  void reset(const zf_adam_hparams& hparams);
+  // Forgets every entry and sets the hyper-parameters that all entries share (span:
+  // AdamHyperParams::span).
+  void reset(const zf_adam_hparams& hparams, int32_t span = 1);
   // Index of the scalars of (lr, weight_decay, step), computed on first use.
   int32_t index_of(double lr, double weight_decay, int64_t step);
   const AdamStepScalars& operator[](int32_t index) const { return scalars_[static_cast<size_t>(index)]; }
@@ -131,6 +132,7 @@ class StepScalarTable {
   void grow();
 
   zf_adam_hparams hparams_{};
+  int32_t span_ = 1;
   std::vector<Key> keys_;
   std::vector<AdamStepScalars> scalars_;
   std::vector<int32_t> slots_;  // power-of-two size, -1 for empty, at most half full
@@ -153,6 +155,9 @@ struct AdamRunValues {
   // in the accumulate (the window's last step's gradient scale); grad_scale then applies to
   // the sum.
   float accumulate_scale = 1.0f;
+  // The training steps the update stands for (AdamHyperParams::span; column step only, with
+  // ZF_CPU_ADAMW_INCREMENT_STEPS, which then advances each count by it).
+  int32_t step_span = 1;
 };
 
 // ---- zf_cpu_adamw_step: whole tensors ----
