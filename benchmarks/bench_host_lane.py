@@ -25,6 +25,16 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               are the GPU's and the copy engine's. The second figure is the lane's own rate.
   roof GB/s   the best of torch's copy and triad (a = b + s*c) over buffers of the same size,
               on the lane's thread count, same run (STREAM's byte counting)
+  shape roof  the Adam-shaped roof: zf_host_stream_bandwidth (zenflow._C.host_stream_bandwidth)
+              timed on each of the window's passes with its own streams, over as many
+              elements as the lane's deferred ones, on the lane's thread count, same run: the
+              first accumulate (g read, A written), the others (g read, A read and written),
+              the fused update (U read and written, A read, master, m, v read and written;
+              no A at S = 1). Its GB/s is the window's bytes over the sum of the passes' times
+              at their roofs: what a kernel of the same streams with no arithmetic would take.
+              The window update alone and the accumulates alone are also given against their
+              own passes' roofs (the engine's host_update_seconds and accumulate_seconds,
+              device side idle, the formula's bytes of each).
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
@@ -45,6 +55,32 @@ import torch
 from zenflow import _C
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int) -> dict:
+    """The window's bytes over its passes' times at their same-shape roofs (docstring), and
+    the same for the accumulates alone and the update alone, in GB/s."""
+    g = ("bfloat16", "read") if dtype_name == "bfloat16" else ("float32", "read")
+    u = (dtype_name, "read_write")
+    state = [("float32", "read_write")] * 3  # master, m, v
+    passes = []  # (streams, times per window)
+    if interval == 1:
+        passes.append(([u, *state], 1))
+    else:
+        passes.append(([g, ("float32", "write")], 1))
+        if interval > 2:
+            passes.append(([g, ("float32", "read_write")], interval - 2))
+        passes.append(([u, ("float32", "read"), *state], 1))
+    size = {"float32": 4, "bfloat16": 2}
+    sums = {"window": [0.0, 0.0], "accumulate": [0.0, 0.0], "update": [0.0, 0.0]}
+    for index, (streams, times) in enumerate(passes):
+        pass_bytes = deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
+        bandwidth = _C.host_stream_bandwidth(streams, deferred, threads, 5)
+        phase = "update" if index == len(passes) - 1 else "accumulate"
+        for key in ("window", phase):
+            sums[key][0] += times * pass_bytes
+            sums[key][1] += times * pass_bytes / bandwidth
+    return {key: (b / t / 1e9 if t else None) for key, (b, t) in sums.items()}
 
 
 def roof_gbs(elements: int, threads: int, reps: int) -> float:
@@ -76,6 +112,8 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
         "host_threads": args.threads,
         "compute_threads": args.threads,
     }
+    if args.bucket_bytes:
+        config["bucket_bytes"] = args.bucket_bytes
     engine = _C.Engine(params, [{"params": list(range(len(shapes))), "lr": 1e-4}], config)
     for t in range(interval):  # the first window selects and warms the buffers
         engine.step(grads[t % 2], None)
@@ -103,7 +141,18 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
     )
     g = w = torch.tensor([], dtype=dtype).element_size()
     formula = (g + 8) * interval + 16 + w
+    accumulate_seconds = after["accumulate_seconds"] - before["accumulate_seconds"]
+    update_seconds = after["host_update_seconds"] - before["host_update_seconds"]
+    # The formula's bytes by phase: the accumulates, then the (fused) window update.
+    update_bytes = g + w + (28 if interval > 1 else 24)
+    accumulate_bytes = formula - update_bytes
     return {
+        "accumulate_gbs": (
+            accumulate_bytes * deferred * args.windows / accumulate_seconds / 1e9
+            if accumulate_bytes
+            else None
+        ),
+        "update_gbs": update_bytes * deferred * args.windows / update_seconds / 1e9,
         "counted": (moved - step_count_bytes) / (deferred * args.windows),
         "formula": formula,
         "unfused": formula + 8,
@@ -128,6 +177,14 @@ def main() -> None:
         default=0.25,
         help="seconds of pause after each step for the device-side-idle figure",
     )
+    parser.add_argument(
+        "--bucket-bytes",
+        type=int,
+        default=None,
+        help="the engine's bucket_bytes (default: the engine's): one bucket for the whole model "
+        "keeps the next bucket's packing, on the host backend the same cores' work, out of the "
+        "accumulates' time (on a GPU the packing is the GPU's)",
+    )
     parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
     args = parser.parse_args()
 
@@ -138,7 +195,8 @@ def main() -> None:
             result = run(dtype, interval, args, 0.0)
             idle = run(dtype, interval, args, args.settle)
             roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
-            rows.append((name, interval, result, idle, roof))
+            shape = shape_roof_gbs(name, interval, result["deferred"], args.threads)
+            rows.append((name, interval, result, idle, roof, shape))
     lines = [
         f"# Host lane traffic and throughput ({datetime.date.today()})",
         "",
@@ -151,20 +209,40 @@ def main() -> None:
         f"device side idle: a {args.settle} s pause after each step (the bench's docstring).",
         "",
         "| gradient and weights | S | counted B | formula B | unfused B | issue 29 floor B "
-        "| roof GB/s | lane GB/s, pipelined | of roof | lane GB/s, device side idle | of roof |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| roof GB/s | lane GB/s, pipelined | of roof | lane GB/s, device side idle | of roof "
+        "| shape roof GB/s | idle lane of shape roof "
+        "| update GB/s (idle), of its roof | accumulates GB/s (idle), of their roof |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, interval, r, idle, roof in rows:
+
+    def of(value, roof):
+        return "-" if value is None else f"{value:.1f}, {value / roof:.0%}"
+
+    for name, interval, r, idle, roof, shape in rows:
         floor = "-" if r["floor"] is None else f"{r['floor']}"
         lines.append(
             f"| {name} | {interval} | {r['counted']:.1f} | {r['formula']} | {r['unfused']} | {floor} "
             f"| {roof:.1f} | {r['gbs']:.1f} | {r['gbs'] / roof:.0%} "
-            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} |"
+            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} | {shape['window']:.1f} "
+            f"| {idle['gbs'] / shape['window']:.0%} | {of(idle['update_gbs'], shape['update'])} "
+            f"| {of(idle['accumulate_gbs'], shape['accumulate'] or 1.0)} |"
         )
-    for label, index in (("pipelined", 2), ("device side idle", 3)):
-        ratios = [row[index]["gbs"] / row[4] for row in rows]
+    ratio_sets = (
+        ("pipelined, of the copy/triad roof", [r[2]["gbs"] / r[4] for r in rows]),
+        ("device side idle, of the copy/triad roof", [r[3]["gbs"] / r[4] for r in rows]),
+        ("device side idle, of the shape roof", [r[3]["gbs"] / r[5]["window"] for r in rows]),
+        (
+            "window update alone, of its shape roof",
+            [r[3]["update_gbs"] / r[5]["update"] for r in rows],
+        ),
+        (
+            "accumulates alone, of their shape roof",
+            [r[3]["accumulate_gbs"] / r[5]["accumulate"] for r in rows if r[5]["accumulate"]],
+        ),
+    )
+    for label, ratios in ratio_sets:
         lines.append(
-            f"\nLane throughput, {label}: {min(ratios):.0%} to {max(ratios):.0%} of the roof "
+            f"\nLane throughput, {label}: {min(ratios):.0%} to {max(ratios):.0%} "
             f"(median {statistics.median(ratios):.0%})."
         )
     text = "\n".join(lines) + "\n"
@@ -174,7 +252,7 @@ def main() -> None:
     # The engine's count must be the formula's, exactly (the CI smoke run checks it too).
     wrong = [
         f"{name} S={interval}: counted {result['counted']} B, formula {result['formula']} B"
-        for name, interval, pipelined, idle, _ in rows
+        for name, interval, pipelined, idle, _, _ in rows
         for result in (pipelined, idle)
         if result["counted"] != result["formula"]
     ]

@@ -100,6 +100,30 @@ static void check_runtime_calls(void) {
   }
 
   EXPECT(zf_host_cpu_count() >= 1);
+  { /* the streaming roof: a measurement, and every bad argument refused before any work */
+    zf_stream_spec shape[3] = {
+        {ZF_DTYPE_BF16, ZF_STREAM_READ}, {ZF_DTYPE_F32, ZF_STREAM_READ_WRITE}, {ZF_DTYPE_F16, ZF_STREAM_WRITE}};
+    zf_stream_spec bad[2] = {{ZF_DTYPE_F32, ZF_STREAM_READ}, {ZF_DTYPE_F32, ZF_STREAM_READ}};
+    double bandwidth = -1.0;
+    EXPECT_OK(zf_host_stream_bandwidth(shape, 3, 4099, 2, 2, &bandwidth));
+    EXPECT(bandwidth > 0.0);
+    bandwidth = -1.0;
+    EXPECT_ERROR(zf_host_stream_bandwidth(NULL, 3, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "streams");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 0, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "count");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 17, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "count");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 3, 0, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "elements");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 3, 4099, 0, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "threads");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 3, 4099, 1, 0, &bandwidth), ZF_ERROR_INVALID_VALUE, "repetitions");
+    EXPECT_ERROR(zf_host_stream_bandwidth(shape, 3, 4099, 1, 1, NULL), ZF_ERROR_INVALID_VALUE, "bytes_per_second");
+    EXPECT_ERROR(zf_host_stream_bandwidth(bad, 2, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE,
+                 "one stream read and one written");
+    bad[1].dtype = ZF_DTYPE_I32;
+    EXPECT_ERROR(zf_host_stream_bandwidth(bad, 2, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "streams[1].dtype");
+    bad[1].dtype = ZF_DTYPE_F32;
+    bad[1].access = (zf_stream_access)5;
+    EXPECT_ERROR(zf_host_stream_bandwidth(bad, 2, 4099, 1, 1, &bandwidth), ZF_ERROR_INVALID_VALUE, "streams[1].access");
+    EXPECT(bandwidth == -1.0); /* untouched by every refusal */
+  }
   threads = zf_get_num_threads();
   EXPECT(threads >= 1);
   EXPECT_OK(zf_set_num_threads(2, NULL, 0));

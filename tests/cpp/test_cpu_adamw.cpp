@@ -1694,3 +1694,64 @@ TEST(FusedAccumulateStep, ColumnPlanInPlaceEqualsAccumulateThenStep) {
 }
 
 }  // namespace
+
+namespace {
+
+// The streaming roof's pass (simd stream_pass): every written stream holds the sum of the
+// read streams (bf16 streams as bf16) times scale, at every level this CPU has, with and
+// without non-temporal stores and prefetch, for counts with every tail; nothing past count
+// is touched.
+TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+    zenflow::ScopedSimdLevel simd(level);
+    for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{1024 + 13}}) {
+      for (const bool stream : {false, true}) {
+        const int64_t padded = count + 64;
+        // A bf16 read, an f32 read-write, an f32 write, a bf16 write: 64-byte aligned starts.
+        alignas(64) static float f32_rw[2048], f32_w[2048];
+        alignas(64) static uint16_t bf16_r[2048], bf16_w[2048];
+        for (int64_t i = 0; i < padded; ++i) {
+          bf16_r[i] = zf::f32_to_bf16(uniform(rng));
+          f32_rw[i] = uniform(rng);
+          f32_w[i] = 77.0f;
+          bf16_w[i] = zf::f32_to_bf16(77.0f);
+        }
+        std::vector<float> rw_before(f32_rw, f32_rw + padded);
+        zf::simd::StreamPassArgs a{};
+        a.streams = 4;
+        a.data[0] = bf16_r;
+        a.bytes[0] = 2;
+        a.read[0] = true;
+        a.data[1] = f32_rw;
+        a.bytes[1] = 4;
+        a.read[1] = a.write[1] = true;
+        a.data[2] = f32_w;
+        a.bytes[2] = 4;
+        a.write[2] = true;
+        a.data[3] = bf16_w;
+        a.bytes[3] = 2;
+        a.write[3] = true;
+        a.stream = stream;
+        a.prefetch = !stream;
+        a.scale = 0.5f;
+        zf::simd::active_kernels().stream_pass(a, count);
+        const std::string where = std::string(zf_simd_level_name(level)) + " count " + std::to_string(count);
+        for (int64_t i = 0; i < padded; ++i) {
+          if (i >= count) {
+            ASSERT_EQ(f32_rw[i], rw_before[static_cast<size_t>(i)]) << where;
+            ASSERT_EQ(f32_w[i], 77.0f) << where;
+            continue;
+          }
+          const float expected = (zf::bf16_to_f32(bf16_r[i]) + rw_before[static_cast<size_t>(i)]) * 0.5f;
+          ASSERT_EQ(f32_rw[i], expected) << where << " element " << i;
+          ASSERT_EQ(f32_w[i], expected) << where;
+          ASSERT_EQ(bf16_w[i], zf::f32_to_bf16(expected)) << where;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -172,3 +172,20 @@ def test_forked_child_runs_ops_on_zenflows_own_threads(restore_threads):
     os.close(read)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert zenflow.host_threads() == ("framework" if HAS_OPENMP_TEAM else "zenflow")
+
+
+def test_host_stream_bandwidth_measures_and_validates():
+    from zenflow._native import native
+
+    shape = [("bfloat16", "read"), ("float32", "read_write"), ("float32", "write")]
+    assert native().host_stream_bandwidth(shape, 10_007, 1, 2) > 0.0
+    for streams, elements, threads, match in [
+        ([], 100, 1, "streams: NULL"),
+        ([("int32", "read"), ("float32", "write")], 100, 1, r"streams\[0\]"),
+        ([("float32", "read"), ("float32", "in place")], 100, 1, r"streams\[1\]: access"),
+        ([("float32", "read"), ("float32", "read")], 100, 1, "one stream read and one written"),
+        (shape, 0, 1, "elements"),
+        (shape, 100, 0, "threads"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            native().host_stream_bandwidth(streams, elements, threads, 1)

@@ -140,6 +140,33 @@ ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_c
 ZF_API int zf_host_cpu_count(void);
 
 /*
+ * The host's streaming bandwidth for a pass of a given shape (since 0.1.0, 2026-12-06): the
+ * roof that a host kernel of the same streams is measured against (benchmarks/
+ * bench_host_lane.py compares the CPU AdamW's window update and accumulates with it). Each
+ * stream is `elements` elements of `dtype` (F32: 4 bytes; BF16 or F16: 2 bytes), read
+ * (ZF_STREAM_READ), written (ZF_STREAM_WRITE) or read and written in place
+ * (ZF_STREAM_READ_WRITE). A pass reads every read stream and writes every written one, with
+ * one add per read stream and element: memory traffic, almost no arithmetic. The call
+ * allocates the streams (64-byte aligned, first touched by the pass's threads), runs
+ * `repetitions` timed passes on `threads` threads of its own for each of four variants
+ * (write-only streams stored plainly or non-temporally, read streams prefetched or not) at
+ * the active SIMD level, frees everything, and stores in *bytes_per_second the bytes of one
+ * pass (a read-write stream counts twice) over the time of the fastest. It takes the
+ * process's memory bandwidth while it runs; it reads and writes nothing of the caller's.
+ * INVALID_VALUE (nothing run): streams NULL, count 0 or > 16, no stream read or none
+ * written, a bad dtype or access, elements < 1 or above 2^40, threads outside [1, max(64,
+ * 4 x zf_host_cpu_count())], repetitions outside [1, 1000], bytes_per_second NULL;
+ * OUT_OF_MEMORY when the streams cannot be allocated.
+ */
+typedef enum zf_stream_access { ZF_STREAM_READ = 0, ZF_STREAM_WRITE = 1, ZF_STREAM_READ_WRITE = 2 } zf_stream_access;
+typedef struct zf_stream_spec {
+  zf_dtype dtype;
+  zf_stream_access access;
+} zf_stream_spec;
+ZF_API zf_status zf_host_stream_bandwidth(const zf_stream_spec* streams, size_t count, int64_t elements, int threads,
+                                          int repetitions, double* bytes_per_second);
+
+/*
  * Running the process-wide pool's regions on a parallel runtime the caller already has
  * (the framework's OpenMP team, say) instead of on zenflow's threads. The plain ops are
  * synchronous: while one runs, the framework's own intra-op threads have nothing to do, but

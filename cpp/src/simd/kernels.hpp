@@ -53,6 +53,23 @@ struct PackBlockArgs {
   float scale;  // pack only: multiplies every value before the rounding to packed_dtype
 };
 
+// One pass of the streaming roof (zf_host_stream_bandwidth, cpp/src/common/stream_roof.cpp):
+// `streams` arrays of `count` elements each, 2 or 4 bytes an element. Each vector of elements
+// reads every read stream and sums them (as fp32; 2-byte streams as bf16), and writes the sum
+// times `scale` to every written stream: a read and written stream is updated in place. The
+// traffic of a kernel of that shape with almost no arithmetic.
+constexpr int kMaxStreamPassStreams = 16;
+struct StreamPassArgs {
+  int streams;
+  void* data[kMaxStreamPassStreams];
+  int bytes[kMaxStreamPassStreams];  // 2 or 4
+  bool read[kMaxStreamPassStreams];
+  bool write[kMaxStreamPassStreams];
+  bool stream;    // write-only streams take non-temporal stores (data aligned to 64 bytes)
+  bool prefetch;  // the read streams are prefetched ahead, as the Adam step does
+  float scale;
+};
+
 struct KernelTable {
   zf_simd_level level;
 
@@ -81,6 +98,9 @@ struct KernelTable {
   //   scatter: M[r, columns[j]] = store_matrix(load_packed(packed[j * rows + r]))
   void (*pack_block)(const PackBlockArgs& args);
   void (*scatter_block)(const PackBlockArgs& args);
+
+  // The streaming roof's pass (StreamPassArgs) over `count` elements.
+  void (*stream_pass)(const StreamPassArgs& args, int64_t count);
 };
 
 const KernelTable* kernel_table_scalar();

@@ -93,6 +93,55 @@ void column_sq_accumulate_f16(const uint16_t* x, int64_t rows, int64_t cols, int
       [](const uint16_t* p) { return zf::f16_to_f32(*p); });
 }
 
+// The streaming roof's pass (kernels.hpp, StreamPassArgs). Vectors first; the tail (fewer
+// than kLanes elements) element by element with plain stores.
+template <class Isa>
+void stream_pass(const zf::simd::StreamPassArgs& a, int64_t count) {
+  using F32 = typename Isa::F32;
+  const F32 scale = Isa::set1(a.scale);
+  int64_t i = 0;
+  for (; i + Isa::kLanes <= count; i += Isa::kLanes) {
+    F32 sum = Isa::set1(0.0f);
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.read[s]) continue;
+      if (a.prefetch && i + kPrefetchElements < count) {
+        __builtin_prefetch(static_cast<const unsigned char*>(a.data[s]) + (i + kPrefetchElements) * a.bytes[s], 0, 3);
+      }
+      sum = Isa::add(sum, a.bytes[s] == 2 ? Isa::load_bf16(static_cast<const uint16_t*>(a.data[s]) + i)
+                                          : Isa::load_f32(static_cast<const float*>(a.data[s]) + i));
+    }
+    const F32 value = Isa::mul(sum, scale);
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.write[s]) continue;
+      const bool non_temporal = a.stream && !a.read[s];
+      if (a.bytes[s] == 2) {
+        uint16_t* out = static_cast<uint16_t*>(a.data[s]) + i;
+        non_temporal ? Isa::stream_bf16(out, value) : Isa::store_bf16(out, value);
+      } else {
+        float* out = static_cast<float*>(a.data[s]) + i;
+        non_temporal ? Isa::stream_f32(out, value) : Isa::store_f32(out, value);
+      }
+    }
+  }
+  for (; i < count; ++i) {
+    float sum = 0.0f;
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.read[s]) continue;
+      sum += a.bytes[s] == 2 ? zf::bf16_to_f32(static_cast<const uint16_t*>(a.data[s])[i])
+                             : static_cast<const float*>(a.data[s])[i];
+    }
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.write[s]) continue;
+      if (a.bytes[s] == 2) {
+        static_cast<uint16_t*>(a.data[s])[i] = zf::f32_to_bf16(sum * a.scale);
+      } else {
+        static_cast<float*>(a.data[s])[i] = sum * a.scale;
+      }
+    }
+  }
+  if (a.stream) Isa::stream_fence();
+}
+
 // PackTile: the 8x8 tile of the pack and scatter kernels (kernels_pack_impl.hpp).
 template <class Isa, class PackTile>
 zf::simd::KernelTable make_kernel_table(zf_simd_level level) {
@@ -105,6 +154,7 @@ zf::simd::KernelTable make_kernel_table(zf_simd_level level) {
   table.accumulate = &accumulate<Isa>;
   table.pack_block = &pack_block<PackTile>;
   table.scatter_block = &scatter_block<PackTile>;
+  table.stream_pass = &stream_pass<Isa>;
   return table;
 }
 

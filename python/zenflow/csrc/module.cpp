@@ -2,6 +2,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "bindings.hpp"
 #include "tensor_convert.hpp"
 
@@ -74,6 +78,50 @@ static void register_runtime(py::module_& m) {
       },
       py::arg("num_threads"), py::arg("cores") = std::vector<int>{});
   m.def("host_cpu_count", [] { return zf_host_cpu_count(); });
+  m.def(
+      "host_stream_bandwidth",
+      [](const std::vector<std::pair<std::string, std::string>>& streams, int64_t elements, int threads,
+         int repetitions) {
+        // (dtype, access) names -> zf_stream_spec; the engine checks everything else.
+        std::vector<zf_stream_spec> specs;
+        for (size_t s = 0; s < streams.size(); ++s) {
+          const auto& [dtype, access] = streams[s];
+          zf_stream_spec spec{};
+          if (dtype == "float32") {
+            spec.dtype = ZF_DTYPE_F32;
+          } else if (dtype == "bfloat16") {
+            spec.dtype = ZF_DTYPE_BF16;
+          } else if (dtype == "float16") {
+            spec.dtype = ZF_DTYPE_F16;
+          } else {
+            throw py::value_error("streams[" + std::to_string(s) +
+                                  "]: dtype must be 'float32', 'bfloat16' or 'float16', got '" + dtype + "'");
+          }
+          if (access == "read") {
+            spec.access = ZF_STREAM_READ;
+          } else if (access == "write") {
+            spec.access = ZF_STREAM_WRITE;
+          } else if (access == "read_write") {
+            spec.access = ZF_STREAM_READ_WRITE;
+          } else {
+            throw py::value_error("streams[" + std::to_string(s) +
+                                  "]: access must be 'read', 'write' or 'read_write', got '" + access + "'");
+          }
+          specs.push_back(spec);
+        }
+        double bytes_per_second = 0.0;
+        zf_status status;
+        {
+          py::gil_scoped_release release;
+          status = zf_host_stream_bandwidth(specs.empty() ? nullptr : specs.data(), specs.size(), elements, threads,
+                                            repetitions, &bytes_per_second);
+        }
+        check(status);
+        return bytes_per_second;
+      },
+      py::arg("streams"), py::arg("elements"), py::arg("threads"), py::arg("repetitions") = 5,
+      "The host's streaming roof for a pass of this shape, bytes per second (zf_host_stream_bandwidth): streams "
+      "are (dtype, access) pairs, access 'read', 'write' or 'read_write'.");
   m.def(
       "use_openmp_runtime",
       [](uintptr_t parallel, uintptr_t thread_num, uintptr_t num_threads) {
