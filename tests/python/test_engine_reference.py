@@ -595,11 +595,9 @@ def test_bytes_counters_follow_the_formula(overlap):
     assert ref.stats()["windows"] == 2
 
 
-def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
-    """topk 0, S = 3, no overlap, a flush after step 4: the host steps at 3 (steps 1-3), 4
-    (flush: step 4), 6 (steps 5-6) and 9 (steps 7-9). Each is torch.optim.AdamW applied once
-    to the mean of those steps' gradients with the lr of the last of them, and the weights
-    change only then."""
+def window_test_setup(scaling):
+    """The window tests' model: matrices 0-3 in two groups, the reference with topk 0, S = 3,
+    no overlap and `scaling`, and torch copies of the parameters."""
     matrices = [0, 1, 2, 3]
     params = initial_params()
     groups = [
@@ -612,10 +610,19 @@ def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
         overlap_step=False,
         betas=BETAS,
         eps=EPS,
-        window_scaling="none",
+        window_scaling=scaling,
     )
     ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
     tp = [params[i].clone().requires_grad_() for i in matrices]
+    return matrices, groups, ref, tp
+
+
+def test_deferred_columns_step_once_per_window_on_the_mean_gradient():
+    """topk 0, S = 3, no overlap, a flush after step 4: the host steps at 3 (steps 1-3), 4
+    (flush: step 4), 6 (steps 5-6) and 9 (steps 7-9). Each is torch.optim.AdamW applied once
+    to the mean of those steps' gradients with the lr of the last of them, and the weights
+    change only then."""
+    matrices, groups, ref, tp = window_test_setup("none")
     opt = torch.optim.AdamW(
         [{**g, "params": [tp[i] for i in g["params"]]} for g in groups],
         betas=BETAS,
@@ -649,22 +656,7 @@ def test_a_scaled_window_update_is_adamw_over_the_window_with_window_betas(scali
     betas (beta1^3, beta2^3), lr * sqrt(3) (or * 3) and the weight decay that makes its decay
     (1 - lr wd)^3. torch counts windows, the reference steps: torch's bias corrections
     (beta^3)^windows are the reference's beta^steps."""
-    matrices = [0, 1, 2, 3]
-    params = initial_params()
-    groups = [
-        {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
-        {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
-    ]
-    config = dict(
-        topk_ratio=0.0,
-        update_interval=3,
-        overlap_step=False,
-        betas=BETAS,
-        eps=EPS,
-        window_scaling=scaling,
-    )
-    ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
-    tp = [params[i].clone().requires_grad_() for i in matrices]
+    matrices, groups, ref, tp = window_test_setup(scaling)
     window_betas = (BETAS[0] ** 3, BETAS[1] ** 3)
     opt = torch.optim.AdamW(
         [{**g, "params": [tp[i] for i in g["params"]]} for g in groups],
@@ -736,22 +728,7 @@ def test_a_windows_host_update_takes_its_last_steps_hyperparameters():
     """topk 0, S = 3, no overlap: each host step is torch.optim.AdamW applied once to the
     window's mean gradient with the lr, betas, eps and weight decay of the window's last
     step, whatever the earlier steps of the window had."""
-    matrices = [0, 1, 2, 3]
-    params = initial_params()
-    groups = [
-        {"params": [0, 1], "lr": 1e-2, "weight_decay": 0.1},
-        {"params": [2, 3], "lr": 3e-2, "weight_decay": 0.0},
-    ]
-    config = dict(
-        topk_ratio=0.0,
-        update_interval=3,
-        overlap_step=False,
-        betas=BETAS,
-        eps=EPS,
-        window_scaling="none",
-    )
-    ref = ReferenceZenFlow([params[i] for i in matrices], groups, config)
-    tp = [params[i].clone().requires_grad_() for i in matrices]
+    matrices, groups, ref, tp = window_test_setup("none")
     opt = torch.optim.AdamW(
         [{**g, "params": [tp[i] for i in g["params"]]} for g in groups], foreach=False
     )

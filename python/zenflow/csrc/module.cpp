@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,18 @@ Function function_at(uintptr_t address, const char* name) {
   return reinterpret_cast<Function>(address);
 }
 
+// The value named `name` among `choices` (name, value); else ValueError naming `what` and
+// the names it takes.
+template <class T>
+T named(const std::string& name, std::initializer_list<std::pair<const char*, T>> choices, const std::string& what) {
+  std::string names;
+  for (const auto& [choice, value] : choices) {
+    if (name == choice) return value;
+    names += (names.empty() ? "'" : ", '") + std::string(choice) + "'";
+  }
+  throw py::value_error(what + " must be one of " + names + ", got '" + name + "'");
+}
+
 }  // namespace
 
 static void register_runtime(py::module_& m) {
@@ -86,27 +99,14 @@ static void register_runtime(py::module_& m) {
         std::vector<zf_stream_spec> specs;
         for (size_t s = 0; s < streams.size(); ++s) {
           const auto& [dtype, access] = streams[s];
+          const std::string where = "streams[" + std::to_string(s) + "]: ";
           zf_stream_spec spec{};
-          if (dtype == "float32") {
-            spec.dtype = ZF_DTYPE_F32;
-          } else if (dtype == "bfloat16") {
-            spec.dtype = ZF_DTYPE_BF16;
-          } else if (dtype == "float16") {
-            spec.dtype = ZF_DTYPE_F16;
-          } else {
-            throw py::value_error("streams[" + std::to_string(s) +
-                                  "]: dtype must be 'float32', 'bfloat16' or 'float16', got '" + dtype + "'");
-          }
-          if (access == "read") {
-            spec.access = ZF_STREAM_READ;
-          } else if (access == "write") {
-            spec.access = ZF_STREAM_WRITE;
-          } else if (access == "read_write") {
-            spec.access = ZF_STREAM_READ_WRITE;
-          } else {
-            throw py::value_error("streams[" + std::to_string(s) +
-                                  "]: access must be 'read', 'write' or 'read_write', got '" + access + "'");
-          }
+          spec.dtype = named<zf_dtype>(
+              dtype, {{"float32", ZF_DTYPE_F32}, {"bfloat16", ZF_DTYPE_BF16}, {"float16", ZF_DTYPE_F16}},
+              where + "dtype");
+          spec.access = named<zf_stream_access>(
+              access, {{"read", ZF_STREAM_READ}, {"write", ZF_STREAM_WRITE}, {"read_write", ZF_STREAM_READ_WRITE}},
+              where + "access");
           specs.push_back(spec);
         }
         double bytes_per_second = 0.0;
