@@ -89,12 +89,9 @@ ZF_API int zf_get_num_threads(void) {
 
 ZF_API zf_status zf_set_num_threads(int num_threads, const int* cores, int num_cores) {
   return zf::api_call([&] {
-    // More threads than this only oversubscribe the cores; a typo (1000 for 100) would
-    // otherwise start a thousand threads.
-    const int cpus = zf::host_cpu_count();
-    const int max_threads = std::max(64, 4 * cpus);
+    const int max_threads = zf::max_thread_count();
     zf::require(num_threads >= 1 && num_threads <= max_threads, ZF_ERROR_INVALID_VALUE, "num_threads: must be in [1, ",
-                max_threads, "] (max(64, 4 x ", cpus, " usable CPUs)), got ", num_threads);
+                max_threads, "] (max(64, 4 x ", zf::host_cpu_count(), " usable CPUs)), got ", num_threads);
     zf::require(num_cores >= 0 && (num_cores == 0 || cores != nullptr), ZF_ERROR_INVALID_VALUE,
                 "cores: NULL with num_cores=", num_cores);
     std::vector<int> core_list;

@@ -29,13 +29,14 @@ AlignedBuffer allocate(size_t bytes) {
   return AlignedBuffer(p);
 }
 
-// Thread t's elements: whole blocks of 1024, so that every thread's start keeps the streams'
-// 64-byte alignment (the non-temporal stores need it).
+// Thread t's elements: whole blocks of 1024 (split_range over the blocks), so that every
+// thread's start keeps the streams' 64-byte alignment (the non-temporal stores need it).
 void thread_range(int64_t elements, int t, int threads, int64_t* begin, int64_t* end) {
   constexpr int64_t kBlock = 1024;
-  const int64_t blocks = (elements + kBlock - 1) / kBlock;
-  *begin = std::min(elements, blocks * t / threads * kBlock);
-  *end = std::min(elements, blocks * (t + 1) / threads * kBlock);
+  int64_t first = 0, last = 0;
+  split_range(0, (elements + kBlock - 1) / kBlock, t, threads, &first, &last);
+  *begin = std::min(elements, first * kBlock);
+  *end = std::min(elements, last * kBlock);
 }
 
 double measure(const zf_stream_spec* streams, size_t count, int64_t elements, int threads, int repetitions) {
@@ -44,14 +45,15 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
           "count: must be in [1, ", simd::kMaxStreamPassStreams, "], got ", count);
   require(elements >= 1 && elements <= (int64_t{1} << 40), ZF_ERROR_INVALID_VALUE,
           "elements: must be in [1, 2^40], got ", elements);
-  const int most_threads = std::max(64, 4 * host_cpu_count());
+  const int most_threads = max_thread_count();
   require(threads >= 1 && threads <= most_threads, ZF_ERROR_INVALID_VALUE, "threads: must be in [1, ", most_threads,
           "], got ", threads);
   require(repetitions >= 1 && repetitions <= 1000, ZF_ERROR_INVALID_VALUE, "repetitions: must be in [1, 1000], got ",
           repetitions);
   simd::StreamPassArgs args{};
   args.streams = static_cast<int>(count);
-  bool any_read = false, any_write = false;
+  int reads = 0;
+  bool any_write = false;
   double pass_bytes = 0.0;
   for (size_t s = 0; s < count; ++s) {
     // The fields' bytes as integers: a C caller may hold any value in an enum field, and
@@ -64,14 +66,14 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
             "streams[", s, "].dtype: must be F32, BF16 or F16, got ", dtype);
     require(access >= ZF_STREAM_READ && access <= ZF_STREAM_READ_WRITE, ZF_ERROR_INVALID_VALUE, "streams[", s,
             "].access: must be ZF_STREAM_READ, ZF_STREAM_WRITE or ZF_STREAM_READ_WRITE, got ", access);
-    args.bytes[s] = dtype == ZF_DTYPE_F32 ? 4 : 2;
+    args.bytes[s] = static_cast<int>(zf_dtype_size(static_cast<zf_dtype>(dtype)));
     args.read[s] = access != ZF_STREAM_WRITE;
     args.write[s] = access != ZF_STREAM_READ;
-    any_read = any_read || args.read[s];
+    reads += args.read[s] ? 1 : 0;
     any_write = any_write || args.write[s];
     pass_bytes += static_cast<double>(elements) * args.bytes[s] * (access == ZF_STREAM_READ_WRITE ? 2 : 1);
   }
-  require(any_read && any_write, ZF_ERROR_INVALID_VALUE,
+  require(reads > 0 && any_write, ZF_ERROR_INVALID_VALUE,
           "streams: a pass needs at least one stream read and one written");
   std::vector<AlignedBuffer> buffers;
   for (size_t s = 0; s < count; ++s) {
@@ -79,8 +81,6 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
     args.data[s] = buffers.back().get();
   }
   // A sum that stays 1: every pass reads ones and writes ones (no growth, no subnormals).
-  int reads = 0;
-  for (size_t s = 0; s < count; ++s) reads += args.read[s] ? 1 : 0;
   args.scale = 1.0f / static_cast<float>(reads);
   ThreadPool pool(threads);
   const simd::KernelTable& kernels = simd::active_kernels();

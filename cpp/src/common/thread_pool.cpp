@@ -265,6 +265,8 @@ int64_t read_last_level_cache_bytes() {
 
 }  // namespace
 
+int max_thread_count() { return std::max(64, 4 * host_cpu_count()); }
+
 int64_t last_level_cache_bytes() {
   const int64_t override_bytes = last_level_cache_override.load(std::memory_order_relaxed);
   if (override_bytes > 0) return override_bytes;

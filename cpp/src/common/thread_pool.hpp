@@ -116,6 +116,10 @@ int default_thread_count();
 // takes the rest, at least 1. The engine's thread plan (engine.h) applies it to a rank's cores.
 int reserved_split_thread_count(int cores, double reserved_share);
 int host_cpu_count();
+// The most threads any pool, lane or measurement of zenflow's takes: max(64, 4 x
+// host_cpu_count()). More only oversubscribe the cores; a typo (1000 for 100) would
+// otherwise start a thousand threads.
+int max_thread_count();
 // The host's online CPUs, whatever this process's affinity (at least 1).
 int online_cpu_count();
 // Bytes of the largest CPU cache (the last level) as Linux reports it for CPU 0, read once;

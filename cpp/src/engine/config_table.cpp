@@ -29,10 +29,6 @@ struct Row {
 #define ZF_FIELD(f) offsetof(zf_engine_config, f), sizeof(static_cast<zf_engine_config*>(nullptr)->f)
 #define ZF_ZENFLOW(k) "zero_optimization.zenflow." k
 
-// Thread counts past this are refused: a typo (a core count times 100) would otherwise start
-// thousands of threads. Evaluated per query: it depends on the machine.
-int max_threads() { return std::max(64, 4 * host_cpu_count()); }
-
 const Row kRows[] = {
     {{"topk_ratio", ZF_CONFIG_FLOAT, ZF_FIELD(topk_ratio), 0.0, 1.0, 0, 0, "", "", "0.1", "[0, 1]",
       "share of each matrix's columns updated on the device every step (k = floor(ratio * n), at least 1 unless "
@@ -236,7 +232,7 @@ bool in_range(double v, const zf_engine_config_key& k) {
 zf_engine_config_key public_key(size_t index) {
   zf_engine_config_key k = kRows[index].key;
   if (std::strcmp(k.name, "compute_threads") == 0 || std::strcmp(k.name, "host_threads") == 0)
-    k.maximum = max_threads();
+    k.maximum = max_thread_count();  // per query: it depends on the machine
   return k;
 }
 

@@ -942,11 +942,11 @@ void Engine::start_update(bool fused) {
     window_elements += m.rows * (m.own_cols - static_cast<int64_t>(m.own_selected.size()));
   }
   bool any_deferred = false;
+  const zf_adam_hparams hparams = window_.hparams();
   for (Matrix& m : matrices_) {
     any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
     if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
     const size_t group = static_cast<size_t>(params_[m.param].group);
-    const zf_adam_hparams hparams = window_.hparams();
     const WindowStepValues step_values = window_step_values(config_.window_scaling, window_.steps(), window_.lr(group),
                                                             window_.weight_decay(group), hparams.mode);
     const double lr = step_values.lr;

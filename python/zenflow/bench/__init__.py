@@ -23,7 +23,15 @@ import os
 import sys
 from pathlib import Path
 
-from ._harness import Progress, Report, command_line, devices, measure_roof, parse_count
+from ._harness import (
+    Progress,
+    Report,
+    add_engine_setting_argument,
+    command_line,
+    devices,
+    measure_roof,
+    parse_count,
+)
 
 __all__ = ["main", "run_ops", "run_optimizer", "run_engine"]
 
@@ -185,12 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p_eng.add_argument("--device-ms", type=float, default=None, help="fake device time per step")
     p_eng.add_argument("--steps", type=int, default=None, help="timed steps (whole windows)")
     p_eng.add_argument("--reserved", type=float, default=None, help="pt_reserved_cores_perc")
-    p_eng.add_argument(
-        "--setting",
-        action="append",
-        default=None,
-        help="another row: key=value,... engine settings over zenflow overlap's (repeatable)",
-    )
+    add_engine_setting_argument(p_eng)
     sub.add_parser("overhead", help="per-call overhead of the ops at 300 matrices", add_help=False)
     sub.add_parser(
         "accuracy", help="held-out loss against AdamW, from scratch and fine-tuning", add_help=False

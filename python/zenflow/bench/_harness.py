@@ -452,6 +452,17 @@ def command_line(prog: str, argv: Sequence[str] | None) -> str:
     return " ".join([prog, *args])
 
 
+def add_engine_setting_argument(parser) -> None:
+    """The engine benchmark's --setting (both of its command lines): more rows of zenflow
+    overlap with other engine settings."""
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=None,
+        help="another row: key=value,... engine settings over zenflow overlap's (repeatable)",
+    )
+
+
 def parse_count(text: str) -> int:
     """'1M', '64M', '1e6', '4096' -> an element count (K, M, G are powers of 1024)."""
     text = str(text).strip()

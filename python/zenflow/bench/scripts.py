@@ -24,7 +24,14 @@ import zenflow
 
 from . import ops as ops_bench
 from . import optimizer as optimizer_bench
-from ._harness import Progress, Report, command_line, measure_roof, parse_count
+from ._harness import (
+    Progress,
+    Report,
+    add_engine_setting_argument,
+    command_line,
+    measure_roof,
+    parse_count,
+)
 
 
 def set_all_threads(n: int) -> None:
@@ -208,12 +215,7 @@ def engine_main(argv: list[str] | None = None, prog: str = "bench_engine.py") ->
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (whole windows)")
     parser.add_argument("--reserved", type=float, default=0.5, help="pt_reserved_cores_perc")
-    parser.add_argument(
-        "--setting",
-        action="append",
-        default=None,
-        help="another row: key=value,... engine settings over zenflow overlap's (repeatable)",
-    )
+    add_engine_setting_argument(parser)
     parser.add_argument("--write", type=Path, default=None, help="save the markdown report")
     args = parser.parse_args(argv)
     from . import run_engine
