@@ -55,8 +55,9 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
     above AdamW's held-out loss on the demo's models (+2.0% to +2.6% with "none"). From
     scratch, start synchronously: with full_warm_up_rounds=200 (the first 200 steps as
     synchronous offload) the defaults ended within 4.3% on tiny GPT-2- and Llama-style models
-    after 600 steps, and update_interval=1, topk_ratio=0.3, full_warm_up_rounds=200 within
-    1.7%; without the start the defaults lose +3% to +17%, most at a high lr
+    after 600 steps, and full_warm_up_rounds=300, update_interval=2 within 1.6% at the
+    defaults' device memory (benchmarks/results/2026-12-06-from-scratch-within-2.md); without
+    the start the defaults lose +3% to +17%, most at a high lr
     (benchmarks/results/2026-12-06-window-scaling.md). A window's host result lands
     `update_lag` (1) steps into the next window; raise it if
     stats()["stall_seconds_window_close"] grows.
