@@ -26,8 +26,11 @@ _SCHEDULE_KEYS = (
     "skipped",
     "steps_accumulated",
     "update_pending",
+    "warm_up_end",
 )
-_WINDOW_KEYS = ("steps_accumulated", "update_pending")
+# Absent from a state saved before they existed: the value such a state stands for (the open
+# window's counters 0; the synchronous start undecided, -1).
+_LATER_KEYS = {"steps_accumulated": 0, "update_pending": 0, "warm_up_end": -1}
 # torch.optim.AdamW's group flags that have no meaning here, and the values we can honour.
 _TORCH_ADAMW_FLAGS = {
     "amsgrad": False,
@@ -311,16 +314,19 @@ class _StateDictMixin:
                 entries.append(self._torch_entry(saved, p, layout.matrix[i], name))
         if zenflow_state is not None:
             saved_schedule = zenflow_state["schedule"]
-            # the two counters of the open window are absent from a state saved (flushed)
-            # before they existed: 0
             schedule = {
-                key: int(saved_schedule.get(key, 0) if key in _WINDOW_KEYS else saved_schedule[key])
+                key: int(
+                    saved_schedule.get(key, _LATER_KEYS[key])
+                    if key in _LATER_KEYS
+                    else saved_schedule[key]
+                )
                 for key in _SCHEDULE_KEYS
             }
             scaler = dict(zenflow_state["loss_scaler"])
         else:
             steps = [int(e["steps"].max()) for e in entries if e["steps"].numel()]
             schedule = dict.fromkeys(_SCHEDULE_KEYS, 0)
+            schedule["warm_up_end"] = -1  # torch's state: the start is decided from its moments
             schedule["step"] = max(steps, default=0)
             scaler = {"scale": self._settings["initial_scale"], "growth_tracker": 0}
         engine_state = {"params": entries, "schedule": schedule, "loss_scaler": scaler}

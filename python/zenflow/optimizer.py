@@ -49,16 +49,18 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
             opt.zero_grad()
         opt.flush()  # the parameters now hold the exact current weights
 
-    Which regime. A deferred column gets one host update per window, standing for the
-    window's steps (`window_scaling="sqrt"`: lr * sqrt(S), moments decayed by beta^S; "none"
-    is one plain Adam step per window). Fine-tuning at the defaults ended +0.6% to +0.8%
-    above AdamW's held-out loss on the demo's models (+2.0% to +2.6% with "none"). From
-    scratch, start synchronously: with full_warm_up_rounds=200 (the first 200 steps as
-    synchronous offload) the defaults ended within 4.3% on tiny GPT-2- and Llama-style models
-    after 600 steps, and full_warm_up_rounds=300, update_interval=2 within 1.6% at the
-    defaults' device memory (benchmarks/results/2026-12-06-from-scratch-within-2.md); without
-    the start the defaults lose +3% to +17%, most at a high lr
-    (benchmarks/results/2026-12-06-window-scaling.md). A window's host result lands
+    Which regime. The first 8 steps run as synchronous offload; then the engine reads the
+    Adam moments (`auto_warm_up_rounds`, default 200): a gradient that pointed the same way
+    step after step (a model trained from scratch) keeps the start synchronous to step 200,
+    mostly noise (a pretrained model) starts the windows at step 9;
+    stats()["synchronous_start_steps"] says which, and auto_warm_up_rounds=0 turns it off. A
+    deferred column gets one host update per window, standing for the window's steps
+    (`window_scaling="sqrt"`: lr * sqrt(S), moments decayed by beta^S; "none" is one plain
+    Adam step per window). At the defaults, fine-tuning the demo's models ended +0.70% to
+    +0.88% above AdamW's held-out loss, and from scratch (tiny GPT-2- and Llama-style models,
+    600 steps, lr 1e-3 and 3e-3) +0.98% to +2.63%; full_warm_up_rounds=300,
+    update_interval=2 ended within 0.9% from scratch
+    (benchmarks/results/2026-12-06-auto-warm-up.md). A window's host result lands
     `update_lag` (1) steps into the next window; raise it if
     stats()["stall_seconds_window_close"] grows.
 
@@ -192,6 +194,7 @@ class ZenFlowAdamW(_OverlapMixin, _StateDictMixin, _EngineMixin, torch.optim.Opt
         update_lag: int | str = ENGINE_DEFAULTS["update_lag"],
         release_gradients: bool = ENGINE_DEFAULTS["release_gradients"],
         window_scaling: str = ENGINE_DEFAULTS["window_scaling"],
+        auto_warm_up_rounds: int = ENGINE_DEFAULTS["auto_warm_up_rounds"],
         limit_torch_threads: bool = True,
         process_group: Any = None,
     ):

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "engine/schedule.hpp"
 #include "test_engine_util.hpp"
 
 namespace {
@@ -613,6 +614,46 @@ TEST(EngineWindowScaling, EachScalingFollowsTheReference) {
     rc.max_grad_norm = 6.0;
     rc.window_scaling = scaling;
     expect_follows_reference(rc, 16);
+  }
+}
+
+// ---- the synchronous start's detection (auto_warm_up_rounds) ----
+
+// A run whose gradient is the same at every step (the moments' consistent share is 1, as far
+// from trained), or fresh noise every step (about 0, as a pretrained model's).
+struct StartRun {
+  Model model;
+  zf_engine_stats mid_probe{}, end{};
+};
+
+StartRun run_start(const zf_engine_config& config, bool consistent, int64_t steps) {
+  StartRun run{standard_model(), {}, {}};
+  zenflow::Engine engine(run.model.tensors(), run.model.param_groups, run.model.groups, config);
+  for (int64_t t = 1; t <= steps; ++t) {
+    std::vector<HostTensor> grads = make_grads(run.model, consistent ? 1 : t);
+    engine.step(tensors_of(grads), step_lrs(run.model, t));
+    if (t == 5) run.mid_probe = engine.stats();
+  }
+  engine.flush();
+  run.end = engine.stats();
+  return run;
+}
+
+TEST(EngineStart, ADetectedStartIsTheFixedStartItDecides) {
+  for (const bool consistent : {true, false}) {
+    zf_engine_config detect = test_config();
+    detect.auto_warm_up_rounds = 12;
+    const StartRun got = run_start(detect, consistent, 20);
+    const int64_t length = consistent ? 12 : zf::Schedule::kStartProbeSteps;
+    EXPECT_EQ(got.mid_probe.synchronous_start_steps, -1) << "undecided before the probe's last step";
+    EXPECT_EQ(got.end.synchronous_start_steps, length) << "consistent " << consistent;
+    zf_engine_config fixed = test_config();
+    fixed.full_warm_up_rounds = length;
+    const StartRun want = run_start(fixed, consistent, 20);
+    EXPECT_EQ(want.end.synchronous_start_steps, length);
+    EXPECT_EQ(got.end.windows, want.end.windows);
+    for (size_t i = 0; i < got.model.params.size(); ++i)
+      EXPECT_TRUE(got.model.params[i].bitwise_equal(want.model.params[i])) << "param " << i;
   }
 }
 

@@ -29,8 +29,8 @@ TEST(EngineConfig, DefaultsPassTheirOwnChecksAndEveryKeyIsListed) {
   EXPECT_EQ(zf_engine_config_check_deepspeed(&d), ZF_SUCCESS);
   zf_engine_config_key k{};
   ASSERT_EQ(zf_engine_config_key_at(zf_engine_config_key_count() - 1, &k), ZF_SUCCESS);
-  EXPECT_STREQ(k.name, "window_scaling");  // the last field of the struct
-  EXPECT_EQ(k.offset + k.size, offsetof(zf_engine_config, window_scaling) + sizeof(zf_window_scaling));
+  EXPECT_STREQ(k.name, "auto_warm_up_rounds");  // the last field of the struct
+  EXPECT_EQ(k.offset + k.size, offsetof(zf_engine_config, auto_warm_up_rounds) + sizeof(int64_t));
 }
 
 }  // namespace

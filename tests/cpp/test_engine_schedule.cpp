@@ -2,6 +2,7 @@
 // selection periods, and the auto interval rule on scripted energies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -49,6 +50,108 @@ TEST(EngineSchedule, WarmUpStepsAreWindowsOfTheirOwnThenTheGridStarts) {
   EXPECT_EQ(t.warm, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(t.closes, (std::vector<int64_t>{1, 2, 6, 10}));
   EXPECT_EQ(t.selects, (std::vector<int64_t>{3}));
+}
+
+// auto_warm_up_rounds: steps are warm-up until the decision, due after step min(8, A); from
+// scratch the start runs to A (and at least full_warm_up_rounds), else it ends at once.
+TEST(EngineSchedule, TheDetectedStartRunsToItsLengthOrEndsAtTheDecision) {
+  for (const bool from_scratch : {true, false}) {
+    for (const int64_t fixed : {int64_t{0}, int64_t{5}, int64_t{12}}) {
+      ScheduleConfig c;
+      c.update_interval = 4;
+      c.warm_up_rounds = fixed;
+      c.auto_warm_up_rounds = 10;
+      Schedule s(c);
+      std::vector<int64_t> warm, decided_at;
+      for (int64_t i = 1; i <= 20; ++i) {
+        if (s.begin_step().warm_up) warm.push_back(i);
+        s.end_step(0, 0);
+        EXPECT_EQ(s.warm_up_steps(), decided_at.empty()
+                                         ? -1
+                                         : (from_scratch ? std::max<int64_t>(10, fixed) : std::max<int64_t>(8, fixed)));
+        if (s.start_decision_due()) {
+          decided_at.push_back(i);
+          s.decide_start(from_scratch);
+        }
+      }
+      EXPECT_EQ(decided_at, (std::vector<int64_t>{Schedule::kStartProbeSteps}));
+      const int64_t end = std::max<int64_t>(fixed, from_scratch ? 10 : 8);
+      ASSERT_EQ(warm.size(), static_cast<size_t>(end)) << "scratch " << from_scratch << " fixed " << fixed;
+      EXPECT_EQ(warm.back(), end);
+    }
+  }
+  ScheduleConfig short_start;  // A below the probe: decided after step A
+  short_start.auto_warm_up_rounds = 3;
+  Schedule s(short_start);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(s.begin_step().warm_up);
+    s.end_step(0, 0);
+  }
+  EXPECT_TRUE(s.start_decision_due());
+  s.decide_start(true);
+  EXPECT_EQ(s.warm_up_steps(), 3);
+  EXPECT_FALSE(s.begin_step().warm_up);
+}
+
+// The decision follows a checkpoint; an undecided state decides after its next step unless
+// windows have run; an engine without detection ignores a saved decision.
+TEST(EngineSchedule, TheStartDecisionFollowsACheckpoint) {
+  ScheduleConfig c;
+  c.update_interval = 4;
+  c.auto_warm_up_rounds = 20;
+  Schedule a(c);
+  for (int i = 0; i < 9; ++i) {
+    a.begin_step();
+    a.end_step(0, 0);
+    if (a.start_decision_due()) a.decide_start(true);
+  }
+  int64_t counters[ZF_ENGINE_STATE_COUNTERS] = {};
+  a.save(counters);
+  EXPECT_EQ(counters[ZF_COUNTER_WARM_UP_END], 20);
+  Schedule b(c);
+  b.check(counters);
+  b.load(counters);
+  EXPECT_EQ(b.warm_up_steps(), 20);
+  EXPECT_FALSE(b.start_decision_due());
+  counters[ZF_COUNTER_WARM_UP_END] = -1;  // undecided at step 9: decided after step 10
+  b.load(counters);
+  EXPECT_TRUE(b.begin_step().warm_up);
+  b.end_step(0, 0);
+  EXPECT_TRUE(b.start_decision_due());
+  counters[ZF_COUNTER_WINDOW] = 2;  // undecided, but windows have run: the start is over
+  b.load(counters);
+  EXPECT_EQ(b.warm_up_steps(), 9);
+  EXPECT_FALSE(b.begin_step().warm_up);
+  counters[ZF_COUNTER_WARM_UP_END] = -2;
+  EXPECT_THROW(b.check(counters), zf::Error);
+  ScheduleConfig fixed = c;
+  fixed.auto_warm_up_rounds = 0;
+  Schedule none(fixed);
+  counters[ZF_COUNTER_WARM_UP_END] = 20;
+  counters[ZF_COUNTER_WINDOW] = 0;
+  none.load(counters);
+  EXPECT_EQ(none.warm_up_steps(), 0);
+  EXPECT_FALSE(none.begin_step().warm_up);
+  int64_t saved[ZF_ENGINE_STATE_COUNTERS] = {};
+  none.save(saved);
+  EXPECT_EQ(saved[ZF_COUNTER_WARM_UP_END], -1);  // no decision made
+}
+
+// The share: 0 for pure noise's ratio at any step, 1 for a constant gradient (m_hat^2 =
+// v_hat), 0 when nothing can be read.
+TEST(EngineSchedule, StartSignalShareFromTheMoments) {
+  const double b1 = 0.9;
+  for (int64_t t : {2, 3, 8, 100}) {
+    const double p = std::pow(b1, static_cast<double>(t));
+    const double noise = (1 - b1) / (1 + b1) * (1 + p) / (1 - p);
+    EXPECT_NEAR(zf::start_signal_share(noise * 5.0, 5.0, t, b1), 0.0, 1e-12) << t;
+    EXPECT_NEAR(zf::start_signal_share(5.0, 5.0, t, b1), 1.0, 1e-12) << t;
+    EXPECT_NEAR(zf::start_signal_share((noise + 0.25 * (1 - noise)) * 2.0, 2.0, t, b1), 0.25, 1e-12) << t;
+  }
+  EXPECT_EQ(zf::start_signal_share(1.0, 0.0, 8, b1), 0.0);
+  EXPECT_EQ(zf::start_signal_share(1.0, 1.0, 1, b1), 0.0);
+  EXPECT_EQ(zf::start_signal_share(1.0, 1.0, 8, 0.0), 0.0);
+  EXPECT_EQ(zf::start_signal_share(NAN, 1.0, 8, b1), 0.0);
 }
 
 TEST(EngineSchedule, StepStrategyRoundsUpToWholeWindows) {

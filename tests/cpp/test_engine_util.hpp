@@ -126,6 +126,8 @@ inline zf_engine_config test_config() {
   zf_engine_config c = zf_engine_config_default();
   c.compute_threads = 1;
   c.host_threads = 1;
+  // Windows from step 1: the synchronous start's detection has its own tests (EngineStart).
+  c.auto_warm_up_rounds = 0;
   return c;
 }
 
@@ -193,6 +195,10 @@ class Reference {
         if (params_[i].matrix) select(params_[i], grads[i]);
       ++selections_;
       since_ = 0;
+    }
+    if (window_start && !windows_begun_) {
+      windows_begun_ = true;
+      if (t_ > 1) moments_to_windows();
     }
     ++since_;
     ++window_steps_;
@@ -282,6 +288,30 @@ class Reference {
     }
   }
 
+  // The first window after per-step updates of every column: each deferred column's second
+  // moment becomes that of the mean of S steps' gradients, m_hat^2 + max(0, v_hat - m_hat^2) / S
+  // (window_scaling SQRT or LINEAR, S > 1).
+  void moments_to_windows() {
+    const int64_t span = config_.update_interval;
+    if (config_.window_scaling == ZF_WINDOW_SCALING_NONE || span <= 1) return;
+    const Hyper h = current();
+    for (P& p : params_) {
+      if (!p.matrix) continue;
+      for (int64_t j = 0; j < p.cols; ++j) {
+        const int64_t t = p.steps[static_cast<size_t>(j)];
+        if (p.selected(j) || t == 0) continue;
+        const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
+        const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(t));
+        for (int64_t r = 0; r < p.rows; ++r) {
+          const size_t e = static_cast<size_t>(r * p.cols + j);
+          const double signal = (p.m[e] / bc1) * (p.m[e] / bc1);
+          const double noise = std::max(0.0, p.v[e] / bc2 - signal);
+          p.v[e] = (signal + noise / static_cast<double>(span)) * bc2;
+        }
+      }
+    }
+  }
+
   void select(P& p, const HostTensor& grad) {
     std::vector<double> c(static_cast<size_t>(p.cols), 0.0);
     for (int64_t r = 0; r < p.rows; ++r)
@@ -325,6 +355,7 @@ class Reference {
 
   RefConfig config_;
   std::vector<P> params_;
+  bool windows_begun_ = false;
   int64_t t_ = 0, window_steps_ = 0, since_ = 0, selections_ = 0, accumulated_ = 0;
   std::vector<double> last_lrs_;
   std::optional<Hyper> hp_;

@@ -54,6 +54,31 @@ def fixed_seeds():
     random.seed(0)
 
 
+class _EngineWithoutDetection(zenflow._C.Engine):
+    """zenflow._C.Engine with auto_warm_up_rounds 0 unless the config names it."""
+
+    def __init__(self, params, groups, config=None, *args, **kwargs):
+        super().__init__(
+            params, groups, {"auto_warm_up_rounds": 0, **(config or {})}, *args, **kwargs
+        )
+
+
+@pytest.fixture(autouse=True)
+def windows_from_step_one(request, monkeypatch):
+    """The tests of the window machinery count windows from step 1, so the engine's detection
+    of a synchronous start (auto_warm_up_rounds, default 200: the first 8 steps run
+    synchronously before it decides) is off in them, as in the C++ tests (test_config). Tests
+    of what users get (the README, the integrations, the accuracy benchmark, the demo, and the
+    detection's own tests) are marked `engine_defaults` and run with the engine's defaults."""
+    if request.node.get_closest_marker("engine_defaults"):
+        return
+    import engine_reference
+
+    monkeypatch.setitem(zenflow.ZenFlowAdamW.__init__.__kwdefaults__, "auto_warm_up_rounds", 0)
+    monkeypatch.setitem(engine_reference.DEFAULT_CONFIG, "auto_warm_up_rounds", 0)
+    monkeypatch.setattr(zenflow._C, "Engine", _EngineWithoutDetection)
+
+
 def pytest_collection_modifyitems(config, items):
     if zenflow.cuda_available():
         return

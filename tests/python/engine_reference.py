@@ -81,7 +81,11 @@ DEFAULT_CONFIG = {
     "bucket_bytes": 64 << 20,
     "staging_slots": 4,
     "window_scaling": "sqrt",
+    "auto_warm_up_rounds": 200,
 }
+# auto_warm_up_rounds: the steps read before the decision, and the consistent share of the
+# gradient from which a run is taken for one from scratch (engine.h).
+START_PROBE_STEPS, FROM_SCRATCH_SHARE = 8, 0.25
 
 STAT_KEYS = ("steps", "windows", "reselections", "skipped_steps", "bytes_down", "bytes_up")
 
@@ -184,6 +188,8 @@ class ReferenceZenFlow:
 
         # Schedule and counters.
         self.t = 0  # counted (not skipped) steps
+        # The synchronous start's decided end: -1 undecided (auto_warm_up_rounds > 0).
+        self.warm_up_end = -1 if cfg["auto_warm_up_rounds"] > 0 else 0
         self.window_index = 0  # windows started after warm-up
         self.steps_in_window = 0
         self.last_selection_step = None
@@ -337,12 +343,16 @@ class ReferenceZenFlow:
 
         self.t += 1
         self.counters["steps"] += 1
-        if self.t <= self.config["full_warm_up_rounds"]:
+        if self.warm_up(self.t):
             for i, (p, g) in enumerate(zip(self.params, used)):
                 self._adamw_all(p, g, lrs[p.group])
                 if p.matrix:  # nothing is selected yet: the whole matrix goes down and up
                     self.counters["bytes_down"] += p.weights.size * grad_sizes[i]
                     self.counters["bytes_up"] += p.weights.size * p.itemsize
+            auto = self.config["auto_warm_up_rounds"]
+            if self.warm_up_end < 0 and self.t >= min(START_PROBE_STEPS, auto):
+                from_scratch = self.start_signal_share() >= FROM_SCRATCH_SHARE
+                self.warm_up_end = max(auto, self.t) if from_scratch else self.t
         else:
             self._windowed_step(raw, used, grad_sizes, lrs)
 
@@ -355,6 +365,55 @@ class ReferenceZenFlow:
                 self.growth_tracker = 0
                 self.hysteresis_left = int(self.config["hysteresis"])
         return True
+
+    def warm_up(self, t: int) -> bool:
+        end = self.warm_up_end
+        return t <= self.config["full_warm_up_rounds"] or end < 0 or t <= end
+
+    def synchronous_start_steps(self) -> int:
+        """max(full_warm_up_rounds, the decided end); -1 while undecided."""
+        if self.warm_up_end < 0:
+            return -1
+        return max(self.config["full_warm_up_rounds"], self.warm_up_end)
+
+    def start_signal_share(self) -> float:
+        """The consistent share of the gradient in the matrices' moments: (R - f) / (1 - f),
+        R = sum(m_hat^2) / sum(v_hat), f = R of independent noise after t steps."""
+        (b1, b2), _, _ = self.hyperparameters()
+        m_hat_sq = v_hat = 0.0
+        for p in self.params:
+            if not p.matrix:
+                continue
+            steps = p.steps.astype(np.float64)
+            ok = steps > 0
+            m_hat = p.exp_avg[:, ok] / (1.0 - b1 ** steps[ok])
+            m_hat_sq += float(np.sum(m_hat * m_hat))
+            v_hat += float(np.sum(p.exp_avg_sq[:, ok] / (1.0 - b2 ** steps[ok])))
+        if v_hat <= 0.0 or self.t < 2 or b1 <= 0.0:
+            return 0.0
+        noise = (1 - b1) / (1 + b1) * (1 + b1**self.t) / (1 - b1**self.t)
+        return (m_hat_sq / v_hat - noise) / (1 - noise)
+
+    def _moments_to_windows(self):
+        """The first window after per-step updates of every column: a deferred column's
+        second moment becomes that of the mean of S steps' gradients (the same signal, 1/S
+        of the noise): v_hat <- m_hat^2 + max(0, v_hat - m_hat^2) / S."""
+        span = self.config["update_interval"]
+        if self.config["window_scaling"] == "none" or span == "auto" or span <= 1:
+            return
+        (b1, b2), _, _ = self.hyperparameters()
+        for p in self.params:
+            if not p.matrix:
+                continue
+            cols = p.deferred()
+            steps = p.steps[cols].astype(np.float64)
+            cols, steps = cols[steps > 0], steps[steps > 0]
+            if len(cols) == 0:
+                continue
+            bc1, bc2 = 1.0 - b1**steps, 1.0 - b2**steps
+            signal = (p.exp_avg[:, cols] / bc1) ** 2
+            noise = np.maximum(0.0, p.exp_avg_sq[:, cols] / bc2 - signal)
+            p.exp_avg_sq[:, cols] = (signal + noise / span) * bc2
 
     def _adamw_all(self, p: _Param, g: np.ndarray, lr: float):
         (b1, b2), eps, wds = self.hyperparameters()
@@ -389,6 +448,8 @@ class ReferenceZenFlow:
             if due:
                 self.flush()
                 self._select(raw)
+            if self.window_index == 1 and self.t > 1:
+                self._moments_to_windows()
             for i in range(len(self.params)):
                 self.window_score[i] = None
                 self.energy_selected[i] = 0.0

@@ -155,6 +155,14 @@ CASES = [
         True,
         id="fp32-split-reselect-clip",
     ),
+    pytest.param(
+        torch.float32,
+        # The start's detection: saved during its 8 synchronous steps, at its decision
+        # (after step 8) and after it.
+        dict(topk_ratio=0.2, update_interval=2, auto_warm_up_rounds=9),
+        False,
+        id="fp32-detected-start",
+    ),
 ]
 
 
@@ -170,6 +178,29 @@ def test_a_checkpoint_changes_nothing_and_resumes_bit_for_bit(dtype, options, ov
             run(dtype, options, overlap, resume_at=at, model_first=at % 2 == 1),
             f"resumed after step {at} ({'model' if at % 2 else 'optimizer'} loaded first)",
         )
+
+
+@pytest.mark.engine_defaults
+def test_a_torch_adamw_state_decides_the_start_from_its_moments():
+    """A state without a decision (torch's) loaded past the probe: the next step is
+    synchronous, then the engine decides from the loaded moments (noise here: the start ends
+    at that step); the decision is in the state's schedule."""
+    model = Model(torch.float32)
+    adamw = torch.optim.AdamW(groups(model)[:2] + [{"params": [model.bias]}], lr=1e-2)
+    for step in range(12):
+        model.loss(step).backward()
+        adamw.step()
+        adamw.zero_grad()
+    opt = zenflow.ZenFlowAdamW(groups(model), lr=1e-2)
+    opt.load_state_dict(adamw.state_dict())
+    assert opt.stats()["synchronous_start_steps"] == -1
+    assert opt.state_dict()["zenflow"]["schedule"]["warm_up_end"] == -1
+    model.loss(12).backward()
+    opt.step()
+    opt.zero_grad()
+    assert opt.stats()["synchronous_start_steps"] == 13
+    assert opt.state_dict()["zenflow"]["schedule"]["warm_up_end"] == 13
+    opt.close()
 
 
 def test_the_state_still_loads_into_another_topk_ratio_and_from_torch_adamw():

@@ -36,7 +36,8 @@ JOIN_TIMEOUT_S = 150
 TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}
 
 # Settings of the runs: a re-selection every 4 steps (windows of 2), clipping that bites
-# (the gradient norm is well above 0.05), the overlapped host update.
+# (the gradient norm is well above 0.05), the overlapped host update, windows from step 1
+# (no start detection: test_the_start_detection_decides_the_same_on_every_rank has it).
 FIXED = dict(
     lr=1e-2,
     weight_decay=0.01,
@@ -47,6 +48,7 @@ FIXED = dict(
     overlap_step=True,
     max_grad_norm=0.05,
     num_threads=1,
+    auto_warm_up_rounds=0,
 )
 AUTO = dict(FIXED, update_interval="auto", max_update_interval=3)
 
@@ -193,7 +195,9 @@ def _spawn(body: str, world_size: int, tmp_path, *args, backend: str = "gloo") -
 # ---- the bodies the children run ----
 
 
-def _train_and_save(rank: int, world_size: int, settings: dict, steps: int, overlap: bool):
+def _train_and_save(
+    rank: int, world_size: int, settings: dict, steps: int, overlap: bool, one_batch: bool = False
+):
     model = _model()
     if rank != 0:
         with torch.no_grad():
@@ -201,7 +205,8 @@ def _train_and_save(rank: int, world_size: int, settings: dict, steps: int, over
                 p.add_(1.0)  # construction must broadcast rank 0's parameters
     opt = zenflow.ZenFlowAdamW(model.parameters(), **settings)
     initial = [p.detach().clone() for p in model.parameters()]
-    trajectory = _train(model, opt, range(steps), rank, world_size, overlap)
+    batches = [0] * steps if one_batch else range(steps)
+    trajectory = _train(model, opt, batches, rank, world_size, overlap)
     return {
         "initial": initial,
         "trajectory": trajectory,
@@ -753,6 +758,25 @@ def _reference(
         opt.load_state_dict(state)
     trajectory = _train(model, opt, steps, overlap=overlap)
     return model, opt, trajectory
+
+
+def test_the_start_detection_decides_the_same_on_every_rank(tmp_path):
+    """auto_warm_up_rounds over 2 ranks: each rank's moments cover its columns, their sums are
+    all-reduced, and every rank takes the single process's decision and trajectory, both when
+    the gradients read as noise (a fresh batch every step: the start ends after the probe)
+    and when they are consistent (one batch every step: it runs to auto_warm_up_rounds)."""
+    steps = 14
+    settings = dict(FIXED, auto_warm_up_rounds=12)
+    for one_batch, length in ((False, 8), (True, 12)):
+        batches = [0] * steps if one_batch else range(steps)
+        ref_model, ref_opt, ref_trajectory = _reference(settings, batches, overlap=True)
+        assert ref_opt.stats()["synchronous_start_steps"] == length, ref_opt.stats()
+        folder = tmp_path / f"one_batch_{one_batch}"
+        folder.mkdir()
+        ranks = _spawn("_train_and_save", 2, folder, settings, steps, True, one_batch)
+        for rank, result in enumerate(ranks):
+            assert result["stats"]["synchronous_start_steps"] == length, f"rank {rank}"
+            _assert_trajectories(result["trajectory"], ref_trajectory, f"rank {rank}")
 
 
 def test_matches_single_process_and_checkpoints_across_world_sizes(tmp_path):

@@ -29,6 +29,9 @@ pytest.importorskip("matplotlib")
 
 from zenflow import demo  # noqa: E402
 
+# What users get: the engine's defaults, its synchronous start detection included.
+pytestmark = pytest.mark.engine_defaults
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):

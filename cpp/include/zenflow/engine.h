@@ -162,8 +162,25 @@ typedef struct zf_engine_config {
   int32_t release_gradients;
   /* SQRT (since 0.1.0, 2026-12-06): see zf_window_scaling. Measured on the demo's fine-tuning
    * and from scratch (benchmarks/results/2026-12-06-window-scaling.md). NONE is the arithmetic
-   * before it. */
+   * before it. With SQRT or LINEAR and a fixed update_interval S > 1, the first window after
+   * steps that updated every column (warm-up, or a loaded state of plain AdamW's) turns each
+   * deferred column's second moment into that of a mean of S steps' gradients: v_hat <-
+   * m_hat^2 + max(0, v_hat - m_hat^2) / S (docs/design.md section 3). */
   zf_window_scaling window_scaling;
+  /* 200, >= 0 (since 0.1.0, 2026-12-06): a synchronous start for a model trained from scratch,
+   * decided from the first steps. The first min(8, auto_warm_up_rounds) steps run as warm-up
+   * steps (synchronous offload, as full_warm_up_rounds'); after the last of them the engine
+   * reads the Adam moments of every matrix and decides: when the consistent share of the
+   * gradient, (R - f) / (1 - f) with R = sum(m_hat^2) / sum(v_hat) over the matrices' elements
+   * and f = (1 - b1) / (1 + b1) * (1 + b1^t) / (1 - b1^t) the R of pure noise at step t, is at
+   * least 0.25, as in the first steps of a randomly initialised model, warm-up goes on up to
+   * step auto_warm_up_rounds; else it ends there (a pretrained model's gradients are mostly
+   * noise from the first steps; docs/design.md section 3).
+   * 0: no detection, full_warm_up_rounds alone decides. Warm-up lasts max(full_warm_up_rounds,
+   * the decided end) steps. The decision reads only the moments' bits, so it is reproducible
+   * and follows a checkpoint (ZF_COUNTER_WARM_UP_END); data parallel: the ranks' sums are
+   * all-reduced (float32) before the one decision. stats: synchronous_start_steps. */
+  int64_t auto_warm_up_rounds;
 } zf_engine_config;
 
 /*
@@ -550,6 +567,9 @@ typedef struct zf_engine_stats {
    * each counted from its submit to its release (release_gradients) or the step's end
    * (matrices and dense parameters alike). 0 before the first. Since 0.1.0 (2026-12-05). */
   int64_t held_gradient_bytes_peak;
+  /* The synchronous start's length in steps: max(full_warm_up_rounds, the end that
+   * auto_warm_up_rounds decided); -1 while the decision is pending. Since 0.1.0 (2026-12-06). */
+  int64_t synchronous_start_steps;
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);
@@ -634,7 +654,10 @@ enum {
   ZF_COUNTER_UPDATE_PENDING = 9,    /* 1: a host result waits for the next window close */
   ZF_COUNTER_HYSTERESIS = 10,       /* overflows the loss scaler's hysteresis absorbed (since 0.1.0, 2026-12-05;
                                        in [0, hysteresis - 1]) */
-  ZF_ENGINE_STATE_COUNTERS = 11
+  ZF_COUNTER_WARM_UP_END = 11,      /* auto_warm_up_rounds: the decided last step of the synchronous start,
+                                       -1 while undecided (and always from an engine without detection)
+                                       (since 0.1.0, 2026-12-06) */
+  ZF_ENGINE_STATE_COUNTERS = 12
 };
 
 /* Query-then-run: with entries == NULL, *count receives the number of entries; otherwise

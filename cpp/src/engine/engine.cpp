@@ -34,6 +34,7 @@ const zf_engine_config& checked_config(const zf_engine_config& c) {
 ScheduleConfig schedule_config(const zf_engine_config& c) {
   ScheduleConfig s;
   s.warm_up_rounds = c.full_warm_up_rounds;
+  s.auto_warm_up_rounds = c.auto_warm_up_rounds;
   s.update_interval = c.update_interval;
   s.max_update_interval = c.max_update_interval;
   s.auto_ratio = c.auto_ratio;

@@ -127,6 +127,21 @@ class Engine {
   // false: the step was skipped (an overflow under dynamic loss scaling); no close follows.
   bool step_update(const zf_tensor* grads, const double* lrs, int64_t* due, int64_t* counted);
   void step_close(int64_t due, int64_t counted);
+  // auto_warm_up_rounds (schedule.hpp): after step_close, whether the synchronous start is
+  // decided now; this engine's sums of the matrices' bias-corrected moments (m_hat^2, v_hat),
+  // summed over the ranks (data parallel); and the decision from the sums of every engine of
+  // a group (the same on every device and rank).
+  bool start_decision_due() const { return schedule_.start_decision_due(); }
+  void start_signal_sums(double* sums);
+  void decide_start(const double* sums);
+  // At the first window after per-step updates of every column (section 3 of
+  // docs/design.md): each host column's second moment becomes that of the mean of S steps'
+  // gradients (window_scaling sqrt or linear, a fixed update_interval S > 1).
+  void moments_to_windows();
+  // visit(exp_avg, exp_avg_sq, rows, 1 - beta1^s, 1 - beta2^s) for each host column of this
+  // rank that has stepped (s its step count), in a fixed order.
+  template <class Visit>
+  void for_each_host_column(Visit&& visit);
   void finish_step() { cancel_early_buckets(); }
   // The partial exchange: this engine's compute lane copies device `slot`'s partial from that
   // device's engine (the group orders the copy after the peer's event with wait_compute).

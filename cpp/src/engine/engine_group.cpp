@@ -384,6 +384,18 @@ void EngineGroup::run_step(const std::vector<Engine::StepInputs>& inputs) {
         Engine& e = *engines_[failing];
         e.run_guarded([&] { e.step_close(due, counted); });
       }
+      // The synchronous start's decision from every device's sums, added in device order.
+      if (engines_[0]->start_decision_due()) {
+        double sums[2] = {0.0, 0.0};
+        for (failing = 0; failing < count; ++failing) {
+          Engine& e = *engines_[failing];
+          double device_sums[2];
+          e.run_guarded([&] { e.start_signal_sums(device_sums); });
+          sums[0] += device_sums[0];
+          sums[1] += device_sums[1];
+        }
+        for (failing = 0; failing < count; ++failing) engines_[failing]->decide_start(sums);
+      }
     }
   } catch (const std::exception& error) {
     finish_all();

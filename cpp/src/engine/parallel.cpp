@@ -107,6 +107,8 @@ void Engine::parallel_memory() {
   reduce_offset_ = take(reduce_bytes_);
   shard_offset_ = take(shard_bytes_);
   health_offset_ = take(static_cast<size_t>(world_) * 4);
+  // The selection's exchange of entering columns, and the synchronous start's two sums.
+  exchange_bytes_ = 2 * sizeof(float);
   for (const Matrix& m : matrices_) exchange_bytes_ = std::max(exchange_bytes_, m.compact_bytes);
   exchange_offset_ = take(exchange_bytes_);
 }

@@ -10,7 +10,19 @@
 
 namespace zf {
 
-Schedule::Schedule(const ScheduleConfig& config) : config_(config) {}
+Schedule::Schedule(const ScheduleConfig& config)
+    : config_(config), warm_up_end_(config.auto_warm_up_rounds > 0 ? -1 : 0) {}
+
+double start_signal_share(double sum_m_hat_sq, double sum_v_hat, int64_t step, double beta1) {
+  if (!(sum_v_hat > 0.0) || !std::isfinite(sum_v_hat) || !std::isfinite(sum_m_hat_sq) || step < 2 || beta1 <= 0.0)
+    return 0.0;
+  // E[m_hat^2] / E[v_hat] for gradients of independent noise after t steps: the bias-corrected
+  // EMA's weights (1 - b1) b1^(t - i) / (1 - b1^t), squared and summed.
+  const double power = adam_beta_power(beta1, step);
+  const double noise = (1.0 - beta1) / (1.0 + beta1) * (1.0 + power) / (1.0 - power);
+  if (!(noise < 1.0)) return 0.0;
+  return (sum_m_hat_sq / sum_v_hat - noise) / (1.0 - noise);
+}
 
 WindowStepValues window_step_values(zf_window_scaling scaling, int64_t steps, double lr, double weight_decay,
                                     zf_adam_mode mode) {
@@ -48,7 +60,7 @@ int64_t Schedule::select_period() const {
 
 Schedule::StepKind Schedule::begin_step() {
   ++step_;
-  if (step_ <= config_.warm_up_rounds) return StepKind{true, true, false};
+  if (warm_up(step_)) return StepKind{true, true, false};
   StepKind kind{false, window_steps_ == 0, false};
   if (kind.window_start) ++window_;
   kind.select = force_selection_ || (kind.window_start && (selections_ == 0 || since_selection_ >= select_period()));
@@ -63,7 +75,7 @@ Schedule::StepKind Schedule::begin_step() {
 }
 
 bool Schedule::end_step(int64_t due_matrices, int64_t counted_matrices) {
-  if (step_ <= config_.warm_up_rounds) return true;
+  if (warm_up(step_)) return true;
   bool close;
   if (config_.update_interval > 0) {
     close = window_steps_ >= config_.update_interval;
@@ -101,6 +113,7 @@ void Schedule::save(int64_t* c) const {
   c[ZF_COUNTER_SINCE_SELECTION] = since_selection_;
   c[ZF_COUNTER_SELECTIONS] = selections_;
   c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] = has_previous_window_ ? 1 : 0;
+  c[ZF_COUNTER_WARM_UP_END] = config_.auto_warm_up_rounds > 0 ? warm_up_end_ : -1;
 }
 
 void Schedule::check(const int64_t* c) const {
@@ -111,6 +124,9 @@ void Schedule::check(const int64_t* c) const {
   }
   require(c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] <= 1, ZF_ERROR_INVALID_VALUE, "counters[",
           int{ZF_COUNTER_HAS_PREVIOUS_WINDOW}, "]: not 0 or 1");
+  require(c[ZF_COUNTER_WARM_UP_END] >= -1 && c[ZF_COUNTER_WARM_UP_END] < std::numeric_limits<int64_t>::max(),
+          ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_WARM_UP_END}, "]: ", c[ZF_COUNTER_WARM_UP_END],
+          " is not a synchronous start's end (-1 undecided, or a step count)");
   const int64_t bound = config_.update_interval > 0 ? config_.update_interval : config_.max_update_interval;
   require(c[ZF_COUNTER_WINDOW_STEPS] < bound, ZF_ERROR_INVALID_VALUE, "counters[", int{ZF_COUNTER_WINDOW_STEPS},
           "]: ", c[ZF_COUNTER_WINDOW_STEPS], " steps in the open window, this engine's windows close at ", bound);
@@ -123,6 +139,14 @@ void Schedule::load(const int64_t* c) {
   since_selection_ = c[ZF_COUNTER_SINCE_SELECTION];
   selections_ = c[ZF_COUNTER_SELECTIONS];
   has_previous_window_ = c[ZF_COUNTER_HAS_PREVIOUS_WINDOW] != 0;
+  // An engine without detection ignores a decision. One with it takes the saved one; an
+  // undecided state decides after its next step from the loaded moments (a fresh state, one of
+  // an engine without detection, or torch's), unless windows have run (its start is over).
+  warm_up_end_ = 0;
+  if (config_.auto_warm_up_rounds > 0) {
+    warm_up_end_ = c[ZF_COUNTER_WARM_UP_END];
+    if (warm_up_end_ < 0 && c[ZF_COUNTER_WINDOW] > 0) warm_up_end_ = c[ZF_COUNTER_STEP];
+  }
   force_selection_ = false;
 }
 

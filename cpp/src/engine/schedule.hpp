@@ -4,6 +4,11 @@
 //
 // Steps t = 1, 2, ... count only steps that were not skipped. Steps 1..W0 are warm-up: each
 // is a window of its own, closed (synchronously) after its step, with nothing selected.
+// W0 = max(full_warm_up_rounds, E), where E is decided once when auto_warm_up_rounds A > 0:
+// steps are warm-up while E is undecided, and after the first step t >= min(kStartProbeSteps,
+// A) the engine reads the matrices' Adam moments (start_signal_share) and calls decide_start:
+// E = max(A, t) when the share is at least kFromScratchShare (a model trained from scratch),
+// else E = t. With A = 0 there is no decision (E = 0).
 // After warm-up, windows follow one another:
 //   * fixed update_interval S: every window has S steps;
 //   * update_interval "auto" (0): the window closes after a step when
@@ -25,6 +30,7 @@
 // then happens at the next step, window start or not.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "zenflow/engine.h"
@@ -34,7 +40,8 @@ namespace zf {
 
 struct ScheduleConfig {
   int64_t warm_up_rounds = 0;
-  int64_t update_interval = 4;  // 0: auto
+  int64_t auto_warm_up_rounds = 0;  // 0: no detection
+  int64_t update_interval = 4;      // 0: auto
   int64_t max_update_interval = 16;
   double auto_ratio = 0.99;
   zf_select_strategy strategy = ZF_SELECT_AUTO;
@@ -62,8 +69,21 @@ struct MatrixEnergy {
   int64_t n;
 };
 
+// The consistent share of the gradient that Adam's moments show after step t (the
+// header comment): sum_m_hat_sq = sum of (m / (1 - b1^s))^2 and sum_v_hat = sum of v / (1 -
+// b2^s) over the matrices' elements (s their step counts). 0 when nothing can be read (no
+// moments, beta1 0, t < 2).
+double start_signal_share(double sum_m_hat_sq, double sum_v_hat, int64_t step, double beta1);
+
 class Schedule {
  public:
+  // Steps the detection reads before it decides, and the share above which a run looks like
+  // one from scratch. Measured (benchmarks/results/2026-12-06-auto-warm-up.md): after 8 steps
+  // of AdamW the share was 0.48 to 0.58 from scratch (GPT-2- and Llama-style, lr 1e-3 and
+  // 3e-3) and 0.05 to 0.11 fine-tuning the demo's pretrained models.
+  static constexpr int64_t kStartProbeSteps = 8;
+  static constexpr double kFromScratchShare = 0.25;
+
   explicit Schedule(const ScheduleConfig& config);
 
   struct StepKind {
@@ -84,7 +104,7 @@ class Schedule {
   // certain: a warm-up step, a fixed window's S-th step, or an adaptive window's step at
   // max_update_interval (the auto rule may close one earlier, which is not known before).
   bool next_step_closes() const {
-    if (step_ < config_.warm_up_rounds) return true;
+    if (warm_up(step_ + 1)) return true;
     const int64_t bound = config_.update_interval > 0 ? config_.update_interval : config_.max_update_interval;
     return window_steps_ + 1 >= bound;
   }
@@ -92,6 +112,18 @@ class Schedule {
   // The auto rule for one matrix (the header comment); false for a matrix not counted.
   static bool matrix_due(const MatrixEnergy& energy, int64_t steps_in_window);
   static bool counted(const MatrixEnergy& energy) { return energy.k > 0 && energy.k < energy.n; }
+
+  // Whether step t is a warm-up step (t <= W0, or the start is still undecided).
+  bool warm_up(int64_t t) const { return t <= config_.warm_up_rounds || warm_up_end_ < 0 || t <= warm_up_end_; }
+  // After a warm-up step: true when the engine must decide the start now (the header comment).
+  bool start_decision_due() const {
+    return warm_up_end_ < 0 && step_ >= std::min(kStartProbeSteps, config_.auto_warm_up_rounds);
+  }
+  void decide_start(bool from_scratch) {
+    warm_up_end_ = from_scratch ? std::max(config_.auto_warm_up_rounds, step_) : step_;
+  }
+  // W0 (the synchronous start's steps), -1 while undecided.
+  int64_t warm_up_steps() const { return warm_up_end_ < 0 ? -1 : std::max(config_.warm_up_rounds, warm_up_end_); }
 
   void force_selection() { force_selection_ = true; }
   bool auto_interval() const { return config_.update_interval == 0; }
@@ -108,7 +140,8 @@ class Schedule {
   // Throws zf::Error (INVALID_VALUE) when begin_step could take a counter past INT64_MAX.
   void check_room() const;
 
-  // Checkpoint: the counters above, in the order of ZF_COUNTER_STEP .. HAS_PREVIOUS_WINDOW.
+  // Checkpoint: the counters above, in the order of ZF_COUNTER_STEP .. HAS_PREVIOUS_WINDOW, and
+  // ZF_COUNTER_WARM_UP_END (-1 undecided, and from an engine without detection).
   void save(int64_t* counters) const;
   // Throws zf::Error (INVALID_VALUE) on an inconsistent set, or one with a counter that no
   // step could advance (INT64_MAX), changing nothing.
@@ -124,6 +157,9 @@ class Schedule {
   int64_t selections_ = 0;
   bool has_previous_window_ = false;
   bool force_selection_ = false;
+  // The decided end E of the synchronous start: -1 undecided (auto_warm_up_rounds > 0), 0
+  // without detection.
+  int64_t warm_up_end_ = 0;
 };
 
 }  // namespace zf

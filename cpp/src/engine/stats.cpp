@@ -40,6 +40,7 @@ zf_engine_stats Engine::stats() const {
   s.host_lane_bytes_read = host_bytes_read_.load(std::memory_order_relaxed);
   s.host_lane_bytes_written = host_bytes_written_.load(std::memory_order_relaxed);
   s.held_gradient_bytes_peak = held_gradient_bytes_peak_;
+  s.synchronous_start_steps = schedule_.warm_up_steps();
   return s;
 }
 

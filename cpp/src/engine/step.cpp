@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/adam_math.hpp"
 #include "common/error.hpp"
 #include "engine/engine.hpp"
 
@@ -590,9 +591,82 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done
   run_guarded([&] {
     step_statistics(grads, stats_done);
     int64_t due = 0, counted = 0;
-    if (step_update(grads, lrs, &due, &counted)) step_close(due, counted);
+    if (step_update(grads, lrs, &due, &counted)) {
+      step_close(due, counted);
+      if (start_decision_due()) {
+        double sums[2];
+        start_signal_sums(sums);
+        decide_start(sums);
+      }
+    }
   });
   cancel_early_buckets();  // released by the step; this only clears the bookkeeping
+}
+
+template <class Visit>
+void Engine::for_each_host_column(Visit&& visit) {
+  // Matrix by matrix, column by column: a fixed order, so sums and rewrites do not depend on
+  // the thread count. Columns that never stepped have no moments to read.
+  const double beta1 = hparams_.beta1, beta2 = hparams_.beta2;
+  for (Matrix& m : matrices_) {
+    if (m.exp_avg.empty()) continue;
+    for (int64_t j = 0; j < m.own_cols; ++j) {
+      const int32_t steps = m.steps[static_cast<size_t>(j)];
+      if (steps <= 0) continue;
+      const double bc1 = 1.0 - adam_beta_power(beta1, steps), bc2 = 1.0 - adam_beta_power(beta2, steps);
+      visit(m.exp_avg.data() + j * m.rows, m.exp_avg_sq.data() + j * m.rows, m.rows, bc1, bc2);
+    }
+  }
+}
+
+void Engine::start_signal_sums(double* sums) {
+  // After a warm-up step's synchronous close the host lane is idle and every column's moments
+  // are on the host (nothing is selected during warm-up).
+  double m_hat_sq = 0.0, v_hat = 0.0;
+  for_each_host_column([&](const float* avg, const float* avg_sq, int64_t rows, double bc1, double bc2) {
+    double column_m = 0.0, column_v = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      column_m += static_cast<double>(avg[r]) * static_cast<double>(avg[r]);
+      column_v += static_cast<double>(avg_sq[r]);
+    }
+    m_hat_sq += column_m / (bc1 * bc1);
+    v_hat += column_v / bc2;
+  });
+  sums[0] = m_hat_sq;
+  sums[1] = v_hat;
+  if (parallel() && !matrices_.empty()) {
+    // Every rank holds its columns' moments: the sums go through the collectives as float32
+    // (the decision needs a few digits; every rank receives the same bits).
+    float shared[2] = {static_cast<float>(m_hat_sq), static_cast<float>(v_hat)};
+    uint8_t* at = arena_.base() + exchange_offset_;
+    upload(at, shared, sizeof(shared));
+    all_reduce(at, 2, ZF_DTYPE_F32, &collective_stats_bytes_);
+    download(shared, at, sizeof(shared));
+    sums[0] = shared[0];
+    sums[1] = shared[1];
+  }
+}
+
+void Engine::moments_to_windows() {
+  const int64_t span = config_.update_interval;
+  if (config_.window_scaling == ZF_WINDOW_SCALING_NONE || span <= 1) return;
+  // v_hat <- m_hat^2 + max(0, v_hat - m_hat^2) / S per element, on every column the host
+  // holds (a selected column's host copy is not read while it is selected, and is rewritten
+  // when it leaves).
+  const double inverse_span = 1.0 / static_cast<double>(span);
+  for_each_host_column([&](const float* avg, float* avg_sq, int64_t rows, double bc1, double bc2) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const double m_hat = static_cast<double>(avg[r]) / bc1;
+      const double signal = m_hat * m_hat;
+      const double noise = std::max(0.0, static_cast<double>(avg_sq[r]) / bc2 - signal);
+      avg_sq[r] = static_cast<float>((signal + noise * inverse_span) * bc2);
+    }
+  });
+}
+
+void Engine::decide_start(const double* sums) {
+  schedule_.decide_start(start_signal_share(sums[0], sums[1], schedule_.step(), hparams_.beta1) >=
+                         Schedule::kFromScratchShare);
 }
 
 void Engine::run_guarded(const std::function<void()>& phase) {
@@ -713,6 +787,11 @@ bool Engine::step_update(const zf_tensor* grads, const double* lrs, int64_t* due
   ++step_count_bound_;  // checked below INT32_MAX before the step (check_counters_have_room)
   // 3. selection (after a flush), the lossless exchange (never in a step that started early)
   if (step_kind_.select) select_columns();
+  // The first window after steps that updated every column (a synchronous start, or a
+  // loaded state of plain AdamW's steps): the deferred columns' second moments go over to
+  // windows' (docs/design.md section 3).
+  if (step_kind_.window_start && schedule_.window() == 1 && schedule_.step() > 1) moments_to_windows();
+
   // 4. AdamW of the selected columns and the dense parameters
   device_pointers_.resize(device_plan_params_.size());
   for (size_t e = 0; e < device_plan_params_.size(); ++e) {
@@ -1057,7 +1136,7 @@ void Engine::flush_internal() {
   finish_update(&ignored);
   if (window_.steps() > 0) {
     start_update(false);
-    if (schedule_.step() > config_.full_warm_up_rounds) add_saturating(windows_, 1);
+    if (!schedule_.warm_up(schedule_.step())) add_saturating(windows_, 1);
     finish_update(&ignored);
   }
   wait_all_slots(&ignored);

@@ -19,7 +19,9 @@ configuration's steps, and measuring that interference is not the question here.
 
 Reported per configuration: the step time (fake device time + the engine call), the mean over
 the whole timed run (total / steps, window-close stalls included: the headline) and the
-median; the engine call alone; stall seconds per step by cause; host update and accumulate
+median; the engine call alone; the synchronous start the engine chose (auto_warm_up_rounds:
+the first 8 steps, each synchronous, then none on these independent gradients) and the
+untimed steps' stall; stall seconds per step by cause; host update and accumulate
 seconds; bytes down and up per step against docs/design.md section 5's formula (bf16: down
 (1 - r) * 2 bytes per parameter per step, up (1 - r) * 2 / S); and the stall reduction against
 plain synchronous offload (target: at least 85% for overlap when the fake device time is at
@@ -40,6 +42,7 @@ import zenflow
 from ._harness import Progress, Row, Samples, Section
 
 RATIO, INTERVAL = 0.1, 4
+PROBE = 8  # steps the engine's start detection reads (engine.h: auto_warm_up_rounds)
 STALL_KEYS = ("stall_seconds_window_close", "stall_seconds_back_pressure", "stall_seconds_flush")
 DELTA_KEYS = STALL_KEYS + ("host_update_seconds", "accumulate_seconds", "bytes_down", "bytes_up")
 CONFIGS = {
@@ -133,6 +136,10 @@ def _run_config(name, settings, shapes, grad_sets, device_s, warm, timed, reserv
     delta["down_formula"] = (1 - ratio) * 2 * n_params
     delta["up_formula"] = (1 - ratio) * 2 / interval * n_params
     delta["call_median"] = calls.median
+    # The synchronous start the engine chose (untimed when it ends within the warm steps), and
+    # the untimed steps' stall, the start's included.
+    delta["start_steps"] = after["synchronous_start_steps"]
+    delta["warm_stall"] = sum(before[key] for key in STALL_KEYS)
     return steps, delta
 
 
@@ -140,9 +147,8 @@ def _calibrate(shapes, grad_sets, reserved):
     """Fake device time = 1.25 x (zenflow's host update per window / S), measured."""
     Engine = _engine_class()
     params = _make_model(shapes, seed=0)
-    engine = Engine(
-        params, _group_of(params), dict(CONFIGS["zenflow sync"], pt_reserved_cores_perc=reserved)
-    )
+    settings = dict(CONFIGS["zenflow sync"], pt_reserved_cores_perc=reserved, auto_warm_up_rounds=0)
+    engine = Engine(params, _group_of(params), settings)
     for t in range(3 * INTERVAL):
         engine.step(grad_sets[t % len(grad_sets)])
     stats = engine.stats()
@@ -179,12 +185,17 @@ def _relative_error(got, want):
 
 def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[str], dict]:
     timed = config.whole_windows()
-    warm = 2 * INTERVAL  # overlap's first upload happens at the second close
+    # The engine's synchronous start reads the first PROBE steps (auto_warm_up_rounds: each a
+    # synchronous step), then overlap's first upload happens at the second close.
+    warm = PROBE + 2 * INTERVAL
     shapes = model_shapes(config.params)
     gen = torch.Generator().manual_seed(1)
+    # Independent gradients at every step of the probe, as a trained model's stochastic
+    # gradients: the start's detection reads them as noise and ends the start after the probe
+    # (two sets alternating would look half consistent, as a model trained from scratch).
     grad_sets = [
         [(1e-3 * torch.randn(s, generator=gen)).to(torch.bfloat16) for s in shapes]
-        for _ in range(2)
+        for _ in range(PROBE)
     ]
     if config.device_ms is None:
         progress.note("calibrating the fake device time (3 windows of zenflow sync)")
@@ -212,6 +223,8 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
                 peer=name == BASELINE,
                 extra={
                     "call_median_ms": d["call_median"] * 1e3,
+                    "start_steps": d["start_steps"],
+                    "warm_stall_ms": d["warm_stall"] * 1e3,
                     "stall_ms": d["stall"] * 1e3,
                     "stall_by_cause_ms": " / ".join(f"{d[k] * 1e3:.2f}" for k in STALL_KEYS),
                     "stall_reduction": None if reduction is None else f"{100 * reduction:.1f}%",
@@ -234,12 +247,15 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
         headline="mean",
         reference=BASELINE,
         note=(
-            f"Step = fake device time + engine.step(): {timed} timed steps after {warm} untimed; "
+            f"Step = fake device time + engine.step(): {timed} timed steps after {warm} untimed "
+            f"(the engine's start detection reads the first {PROBE}, each synchronous); "
             f"pt_reserved_cores_perc {config.reserved}. Stall by cause: window close / "
             "back-pressure / flush. Bytes per parameter per step, measured (formula)."
         ),
         columns=[
             ("call ms (median)", "call_median_ms", "{:.1f}"),
+            ("synchronous start, steps", "start_steps", "{}"),
+            ("untimed steps' stall, ms in all", "warm_stall_ms", "{:.0f}"),
             ("stall ms/step", "stall_ms", "{:.2f}"),
             ("by cause", "stall_by_cause_ms", "{}"),
             ("stall reduction", "stall_reduction", "{}"),

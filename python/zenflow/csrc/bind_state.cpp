@@ -72,6 +72,7 @@ py::dict save_state(zf_engine* engine, bool torch_params) {
   schedule["skipped"] = counters[ZF_COUNTER_SKIPPED];
   schedule["steps_accumulated"] = counters[ZF_COUNTER_STEPS_ACCUMULATED];
   schedule["update_pending"] = counters[ZF_COUNTER_UPDATE_PENDING];
+  schedule["warm_up_end"] = counters[ZF_COUNTER_WARM_UP_END];
   py::dict scaler;
   scaler["scale"] = scale;
   scaler["growth_tracker"] = counters[ZF_COUNTER_GROWTH_TRACKER];
@@ -131,6 +132,10 @@ void load_state(zf_engine* engine, const py::object& state, size_t param_count, 
   if (schedule.contains("update_pending"))
     counters[ZF_COUNTER_UPDATE_PENDING] =
         integer(schedule["update_pending"], "state[\"schedule\"][\"update_pending\"]");
+  // Absent from a state saved before it existed: undecided (-1), which an engine with
+  // auto_warm_up_rounds decides from the loaded moments unless windows have run.
+  counters[ZF_COUNTER_WARM_UP_END] =
+      schedule.contains("warm_up_end") ? integer(schedule["warm_up_end"], "state[\"schedule\"][\"warm_up_end\"]") : -1;
   const py::dict scaler = d["loss_scaler"].cast<py::dict>();
   if (!scaler.contains("scale") || !scaler.contains("growth_tracker")) {
     throw py::value_error("state[\"loss_scaler\"]: needs \"scale\" and \"growth_tracker\"");
@@ -169,6 +174,7 @@ py::dict stats_dict(const zf_engine_stats& s) {
   out["host_lane_bytes_read"] = s.host_lane_bytes_read;
   out["host_lane_bytes_written"] = s.host_lane_bytes_written;
   out["held_gradient_bytes_peak"] = s.held_gradient_bytes_peak;
+  out["synchronous_start_steps"] = s.synchronous_start_steps;
   return out;
 }
 
