@@ -73,6 +73,7 @@ def _settings(args: argparse.Namespace) -> dict:
         topk_ratio=args.topk_ratio,
         update_interval=args.update_interval,
         overlap_step=True,
+        auto_warm_up_rounds=0,  # the windows' steady state from step 1 (no synchronous start)
         num_threads=args.host_threads,
         limit_torch_threads=False,
         bucket_bytes=args.bucket_mib << 20,

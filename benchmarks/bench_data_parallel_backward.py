@@ -72,6 +72,7 @@ def _form_main(rank: int, world_size: int, args: argparse.Namespace) -> dict:
             update_interval=args.update_interval,
             num_threads=args.host_threads,
             limit_torch_threads=False,
+            auto_warm_up_rounds=0,  # windows from step 1 (no synchronous start)
             bucket_bytes=args.bucket_mib << 20,
         )
         if args.form == "overlap":

@@ -111,6 +111,9 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
         "overlap_step": False,
         "host_threads": args.threads,
         "compute_threads": args.threads,
+        # Windows from step 1: this measures the window's passes (the start's detection
+        # would make the first 8 steps synchronous).
+        "auto_warm_up_rounds": 0,
     }
     if args.bucket_bytes:
         config["bucket_bytes"] = args.bucket_bytes

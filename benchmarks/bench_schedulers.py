@@ -57,7 +57,11 @@ def run(case: str, args: argparse.Namespace, grads: list[list[torch.Tensor]]) ->
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     opt = zenflow.ZenFlowAdamW(
-        groups, lr=1e-3, topk_ratio=args.topk_ratio, update_interval=args.update_interval
+        groups,
+        lr=1e-3,
+        topk_ratio=args.topk_ratio,
+        update_interval=args.update_interval,
+        auto_warm_up_rounds=0,  # windows from step 1: their closes are what is counted
     )
     sched = None
     if case == "one_cycle":

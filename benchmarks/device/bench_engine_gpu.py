@@ -143,8 +143,14 @@ def make_optimizer(name: str, model: torch.nn.Module, lr: float, weight_decay: f
             weight_decay=weight_decay,
         )
     release = name == "zenflow+release"
+    # Windows from step 1: the rows measure the windowed steady state (the start's detection,
+    # 8 synchronous steps once, is bench_engine.py's row).
     opt = zenflow.ZenFlowAdamW(
-        model.parameters(), lr=lr, weight_decay=weight_decay, release_gradients=release
+        model.parameters(),
+        lr=lr,
+        weight_decay=weight_decay,
+        release_gradients=release,
+        auto_warm_up_rounds=0,
     )
     if name in ("zenflow+submit", "zenflow+release"):
         opt.overlap_backward(model)

@@ -138,7 +138,8 @@ def bench_step_time(config: OptimizerConfig, progress: Progress) -> list[Section
 
     # --- ZenFlowAdamW at its defaults against fused AdamW.
     zf_params = _model(config, 0)
-    ours = zenflow.ZenFlowAdamW(zf_params, lr=LR)
+    # Windows from step 1 (the start's detection, 8 synchronous steps once, is bench engine's).
+    ours = zenflow.ZenFlowAdamW(zf_params, lr=LR, auto_warm_up_rounds=0)
     lowered = torch.get_num_threads()
     # The peer is a plain AdamW run, which keeps every torch thread.
     torch.set_num_threads(torch_threads)
@@ -163,7 +164,7 @@ def bench_step_time(config: OptimizerConfig, progress: Progress) -> list[Section
     faster = min((samples[peer_name], alone["peer"]), key=lambda s: s.mean)
     rows = [
         Row(
-            "zenflow.ZenFlowAdamW().step() (defaults: top 10% columns, window of 4, overlap)",
+            "zenflow.ZenFlowAdamW().step() (defaults: top 10% columns, window of 4, overlap; windows from step 1)",
             samples["zenflow.ZenFlowAdamW"],
             extra={
                 "windows": stats["windows"],
@@ -211,12 +212,16 @@ def bench_overhead(config: OptimizerConfig, progress: Progress) -> Section:
 
     params = make()
     torch_threads = torch.get_num_threads()
-    opt = zenflow.ZenFlowAdamW(params, lr=LR, bucket_bytes=config.bucket_bytes)
+    opt = zenflow.ZenFlowAdamW(
+        params, lr=LR, bucket_bytes=config.bucket_bytes, auto_warm_up_rounds=0
+    )
     engine = _twin_engine(params, config.bucket_bytes)
     peer_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     peer = torch.optim.AdamW(peer_params, lr=LR, fused=True)
     hooked_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    hooked = zenflow.ZenFlowAdamW(hooked_params, lr=LR, bucket_bytes=config.bucket_bytes)
+    hooked = zenflow.ZenFlowAdamW(
+        hooked_params, lr=LR, bucket_bytes=config.bucket_bytes, auto_warm_up_rounds=0
+    )
     hooked.overlap_backward()
     # The hook overlap_backward registers, called directly: a private method of today's
     # optimizer (issue 27 moves readiness into the engine); without it the row is left out.
@@ -292,7 +297,7 @@ def _twin_engine(params: list, bucket_bytes: int):
     try:
         from zenflow.config import ENGINE_DEFAULTS, engine_config
 
-        settings = dict(ENGINE_DEFAULTS, bucket_bytes=bucket_bytes)
+        settings = dict(ENGINE_DEFAULTS, bucket_bytes=bucket_bytes, auto_warm_up_rounds=0)
         config = engine_config(settings, (0.9, 0.999), 1e-8, "none")
     except (ImportError, TypeError, KeyError):
         return None
