@@ -788,9 +788,9 @@ def main(argv: list[str] | None = None) -> int:
             "AdamW's is in the table (the defaults measured within 0.9% of AdamW on the demo's "
             "models, 3 seeds). zenflow's first "
             f"{summary['runs']['zenflow']['engine_stats']['synchronous_start_steps']} steps "
-            "ran synchronously (their stall is in the table): 8 while it read the regime from "
-            "the gradients, 200 if they had looked like training from scratch (measured "
-            "within 2.7% of AdamW that way); see the README, 'Which settings'."
+            "ran synchronously (their stall is in the table): the first 8 while it read the "
+            "regime from the gradients; from scratch it keeps 200 synchronous (measured within "
+            "2.7% of AdamW that way); see the README, 'Which settings'."
         )
         print()
     if config.out:
