@@ -615,6 +615,35 @@ TEST_P(EngineDevices, PartsOnSeveralDevicesMatchOneEngineBitForBit) {
   }
 }
 
+// The synchronous start's detection over parts on several devices: the devices' moment sums
+// are added in device order before the one decision, so the parts decide and step as one
+// engine, whether the gradients read as noise (the start ends after the probe) or as
+// consistent (it runs to auto_warm_up_rounds).
+TEST(EngineDevicesStart, PartsDecideTheStartAsOneEngine) {
+  for (const bool consistent : {false, true}) {
+    zf_engine_config c = zf_engine_test::test_config();
+    c.auto_warm_up_rounds = 12;
+    c.update_interval = 3;
+    std::vector<std::vector<double>> finals[2];
+    int64_t starts[2] = {0, 0};
+    for (int split = 0; split < 2; ++split) {
+      Model model = standard_model();
+      zenflow::Engine engine = split ? engine_in_parts(model, c, kTwoDevices)
+                                     : zenflow::Engine(model.tensors(), model.param_groups, model.groups, c);
+      for (int64_t t = 1; t <= 18; ++t) {
+        std::vector<HostTensor> grads = make_grads(model, consistent ? 1 : t);
+        engine.step(tensors_of(grads), step_lrs(model, t));
+      }
+      engine.flush();
+      starts[split] = engine.stats().synchronous_start_steps;
+      for (const HostTensor& p : model.params) finals[split].push_back(p.values());
+    }
+    EXPECT_EQ(starts[0], consistent ? 12 : 8);
+    EXPECT_EQ(starts[1], starts[0]);
+    EXPECT_EQ(finals[0], finals[1]) << (consistent ? "consistent" : "noise");
+  }
+}
+
 TEST_P(EngineDevices, AnyInterleavingOfEveryDeviceMatchesHostParts) {
   // Each device's lanes run lazily and in random orders, and one device's copy of another's
   // partial waits only for the events the engine records: a missing one changes the bits.
