@@ -28,9 +28,9 @@ _SCHEDULE_KEYS = (
     "update_pending",
     "warm_up_end",
 )
-# Absent from a state saved before they existed: the value such a state stands for (the open
-# window's counters 0; the synchronous start undecided, -1).
-_LATER_KEYS = {"steps_accumulated": 0, "update_pending": 0, "warm_up_end": -1}
+# Absent from a state saved before they existed (and from torch's): left out, and the
+# binding gives them the meaning the engine has for such a state (csrc/bind_state.cpp).
+_LATER_KEYS = ("steps_accumulated", "update_pending", "warm_up_end")
 # torch.optim.AdamW's group flags that have no meaning here, and the values we can honour.
 _TORCH_ADAMW_FLAGS = {
     "amsgrad": False,
@@ -315,18 +315,14 @@ class _StateDictMixin:
         if zenflow_state is not None:
             saved_schedule = zenflow_state["schedule"]
             schedule = {
-                key: int(
-                    saved_schedule.get(key, _LATER_KEYS[key])
-                    if key in _LATER_KEYS
-                    else saved_schedule[key]
-                )
+                key: int(saved_schedule[key])
                 for key in _SCHEDULE_KEYS
+                if key in saved_schedule or key not in _LATER_KEYS
             }
             scaler = dict(zenflow_state["loss_scaler"])
         else:
             steps = [int(e["steps"].max()) for e in entries if e["steps"].numel()]
-            schedule = dict.fromkeys(_SCHEDULE_KEYS, 0)
-            schedule["warm_up_end"] = -1  # torch's state: the start is decided from its moments
+            schedule = {key: 0 for key in _SCHEDULE_KEYS if key not in _LATER_KEYS}
             schedule["step"] = max(steps, default=0)
             scaler = {"scale": self._settings["initial_scale"], "growth_tracker": 0}
         engine_state = {"params": entries, "schedule": schedule, "loss_scaler": scaler}
