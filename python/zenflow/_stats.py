@@ -33,6 +33,12 @@ def format_stats(stats: dict[str, Any]) -> str:
     parts = [
         f"step {stats.get('steps', 0)}",
         f"windows {stats.get('windows', 0)}",
+        "synchronous start "
+        + (
+            "deciding"
+            if stats.get("synchronous_start_steps", 0) < 0
+            else f"{stats.get('synchronous_start_steps', 0)} steps"
+        ),
         f"reselections {stats.get('reselections', 0)}",
         f"skipped {stats.get('skipped_steps', 0)}",
         f"grad norm {stats.get('last_global_norm', 0.0):.4g}",
