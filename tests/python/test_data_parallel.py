@@ -760,7 +760,8 @@ def _reference(
     return model, opt, trajectory
 
 
-def test_the_start_detection_decides_the_same_on_every_rank(tmp_path):
+@BACKENDS
+def test_the_start_detection_decides_the_same_on_every_rank(tmp_path, backend):
     """auto_warm_up_rounds over 2 ranks: each rank's moments cover its columns, their sums are
     all-reduced, and every rank takes the single process's decision and trajectory, both when
     the gradients read as noise (a fresh batch every step: the start ends after the probe)
@@ -773,7 +774,9 @@ def test_the_start_detection_decides_the_same_on_every_rank(tmp_path):
         assert ref_opt.stats()["synchronous_start_steps"] == length, ref_opt.stats()
         folder = tmp_path / f"one_batch_{one_batch}"
         folder.mkdir()
-        ranks = _spawn("_train_and_save", 2, folder, settings, steps, True, one_batch)
+        ranks = _spawn(
+            "_train_and_save", 2, folder, settings, steps, True, one_batch, backend=backend
+        )
         for rank, result in enumerate(ranks):
             assert result["stats"]["synchronous_start_steps"] == length, f"rank {rank}"
             _assert_trajectories(result["trajectory"], ref_trajectory, f"rank {rank}")

@@ -215,6 +215,15 @@ def test_same_weights_as_the_host_backend(dtype, overlap):
     host.close()
 
 
+def test_the_start_detection_and_the_moments_change_equal_the_host_engine():
+    """auto_warm_up_rounds on CUDA: 8 synchronous steps, the decision from the host's moments,
+    the first window's change of the moments, all as the host engine, bit for bit."""
+    device, host, _, _ = run_pair(dict(BASE, auto_warm_up_rounds=10), steps=16, dtype=torch.float32)
+    assert device.stats()["synchronous_start_steps"] == host.stats()["synchronous_start_steps"] > 0
+    device.close()
+    host.close()
+
+
 def test_split_submit_form():
     run_pair(BASE, steps=9, dtype=torch.bfloat16, split=[1, 2, 2, 3])
 
