@@ -370,12 +370,6 @@ class ReferenceZenFlow:
         end = self.warm_up_end
         return t <= self.config["full_warm_up_rounds"] or end < 0 or t <= end
 
-    def synchronous_start_steps(self) -> int:
-        """max(full_warm_up_rounds, the decided end); -1 while undecided."""
-        if self.warm_up_end < 0:
-            return -1
-        return max(self.config["full_warm_up_rounds"], self.warm_up_end)
-
     def start_signal_share(self) -> float:
         """The consistent share of the gradient in the matrices' moments: (R - f) / (1 - f),
         R = sum(m_hat^2) / sum(v_hat), f = R of independent noise after t steps."""

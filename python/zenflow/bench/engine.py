@@ -42,7 +42,9 @@ import zenflow
 from ._harness import Progress, Row, Samples, Section
 
 RATIO, INTERVAL = 0.1, 4
-PROBE = 8  # steps the engine's start detection reads (engine.h: auto_warm_up_rounds)
+# Independent gradient sets, cycled: none repeats within the steps the engine's start
+# detection reads (engine.h: auto_warm_up_rounds).
+GRADIENT_SETS = 8
 STALL_KEYS = ("stall_seconds_window_close", "stall_seconds_back_pressure", "stall_seconds_flush")
 DELTA_KEYS = STALL_KEYS + ("host_update_seconds", "accumulate_seconds", "bytes_down", "bytes_up")
 CONFIGS = {
@@ -100,12 +102,22 @@ def _group_of(params, lr=1e-4):
     return [{"params": list(range(len(params))), "lr": lr, "weight_decay": 0.01}]
 
 
-def _run_config(name, settings, shapes, grad_sets, device_s, warm, timed, reserved, progress):
+def _run_config(name, settings, shapes, grad_sets, device_s, timed, reserved, progress):
     Engine = _engine_class()
     params = _make_model(shapes, seed=0)
     engine = Engine(params, _group_of(params), dict(settings, pt_reserved_cores_perc=reserved))
+    # Not timed: the steps the engine's start detection reads (until it has decided), then two
+    # windows (selection, overlap's first upload at the second close, caches). A start that
+    # goes on past the decision runs into the timed steps, where its stall shows.
+    warm = 0
+    while engine.stats()["synchronous_start_steps"] < 0:
+        time.sleep(device_s)
+        engine.step(grad_sets[warm % len(grad_sets)])
+        warm += 1
+    warm += 2 * INTERVAL
     progress.start(f"engine: {name}", warm + timed)
-    for t in range(warm):  # selection, the first window(s), caches: not timed
+    progress.update(warm - 2 * INTERVAL)
+    for t in range(warm - 2 * INTERVAL, warm):
         time.sleep(device_s)
         engine.step(grad_sets[t % len(grad_sets)])
         progress.update()
@@ -140,6 +152,7 @@ def _run_config(name, settings, shapes, grad_sets, device_s, warm, timed, reserv
     # the untimed steps' stall, the start's included.
     delta["start_steps"] = after["synchronous_start_steps"]
     delta["warm_stall"] = sum(before[key] for key in STALL_KEYS)
+    delta["warm_steps"] = warm
     return steps, delta
 
 
@@ -185,9 +198,6 @@ def _relative_error(got, want):
 
 def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[str], dict]:
     timed = config.whole_windows()
-    # The engine's synchronous start reads the first PROBE steps (auto_warm_up_rounds: each a
-    # synchronous step), then overlap's first upload happens at the second close.
-    warm = PROBE + 2 * INTERVAL
     shapes = model_shapes(config.params)
     gen = torch.Generator().manual_seed(1)
     # Independent gradients at every step of the probe, as a trained model's stochastic
@@ -195,7 +205,7 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
     # (two sets alternating would look half consistent, as a model trained from scratch).
     grad_sets = [
         [(1e-3 * torch.randn(s, generator=gen)).to(torch.bfloat16) for s in shapes]
-        for _ in range(PROBE)
+        for _ in range(GRADIENT_SETS)
     ]
     if config.device_ms is None:
         progress.note("calibrating the fake device time (3 windows of zenflow sync)")
@@ -209,9 +219,10 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
         configs[f"zenflow overlap, {name}"] = dict(CONFIGS["zenflow overlap"], **extra)
     for name, settings in configs.items():
         results[name] = _run_config(
-            name, settings, shapes, grad_sets, device_s, warm, timed, config.reserved, progress
+            name, settings, shapes, grad_sets, device_s, timed, config.reserved, progress
         )
     base_stall = results[BASELINE][1]["stall"]
+    warm = results["zenflow overlap"][1]["warm_steps"]
     rows = []
     for name, (steps, d) in results.items():
         reduction = None if name == BASELINE or base_stall == 0 else 1 - d["stall"] / base_stall
@@ -248,7 +259,8 @@ def run(config: EngineConfig, progress: Progress) -> tuple[list[Section], list[s
         reference=BASELINE,
         note=(
             f"Step = fake device time + engine.step(): {timed} timed steps after {warm} untimed "
-            f"(the engine's start detection reads the first {PROBE}, each synchronous); "
+            f"(the first {warm - 2 * INTERVAL} read by the engine's start detection, each "
+            "synchronous); "
             f"pt_reserved_cores_perc {config.reserved}. Stall by cause: window close / "
             "back-pressure / flush. Bytes per parameter per step, measured (formula)."
         ),
