@@ -34,7 +34,12 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               at their roofs: what a kernel of the same streams with no arithmetic would take.
               The window update alone and the accumulates alone are also given against their
               own passes' roofs (the engine's host_update_seconds and accumulate_seconds,
-              device side idle, the formula's bytes of each).
+              device side idle, the formula's bytes of each). The roof is timed after every
+              window of the device-side-idle run (one timed pass per variant), and each
+              window is compared with the roof of its own moment: the fractions are the
+              median over windows of (window's GB/s / roof's GB/s then). On a shared VM the
+              memory bandwidth drifts by up to 2x within minutes; a roof timed once per row
+              made the fractions as much a record of that drift as of the lane.
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
@@ -57,7 +62,13 @@ from zenflow import _C
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int) -> dict:
+def name_of(dtype: torch.dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
+def shape_roof_gbs(
+    dtype_name: str, interval: int, deferred: int, threads: int, reps: int = 5
+) -> dict:
     """The window's bytes over its passes' times at their same-shape roofs (docstring), and
     the same for the accumulates alone and the update alone, in GB/s."""
     g = ("bfloat16", "read") if dtype_name == "bfloat16" else ("float32", "read")
@@ -75,7 +86,7 @@ def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int) 
     sums = {"window": [0.0, 0.0], "accumulate": [0.0, 0.0], "update": [0.0, 0.0]}
     for index, (streams, times) in enumerate(passes):
         pass_bytes = deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
-        bandwidth = _C.host_stream_bandwidth(streams, deferred, threads, 5)
+        bandwidth = _C.host_stream_bandwidth(streams, deferred, threads, reps)
         phase = "update" if index == len(passes) - 1 else "accumulate"
         for key in ("window", phase):
             sums[key][0] += times * pass_bytes
@@ -120,15 +131,33 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
     engine = _C.Engine(params, [{"params": list(range(len(shapes))), "lr": 1e-4}], config)
     for t in range(interval):  # the first window selects and warms the buffers
         engine.step(grads[t % 2], None)
+    k = max(1, int(args.topk * args.cols))
+    deferred = args.matrices * args.rows * (args.cols - k)
     before = engine.stats()
+    # Device side idle: after each window (its last step and pause), the window's own
+    # seconds and the shape roof's passes, timed right then: the VM's memory bandwidth
+    # drifts by up to 2x within minutes (measured 55 to 95 GB/s for one pass shape), so
+    # each window is compared with the roof of its own moment.
+    windows = []
+    last = before
     for t in range(args.windows * interval):
         engine.step(grads[t % 2], None)
         if settle > 0:
             time.sleep(settle)
+            if (t + 1) % interval == 0:
+                now = engine.stats()
+                roof = shape_roof_gbs(name_of(dtype), interval, deferred, args.threads, reps=1)
+                windows.append(
+                    {
+                        "update_seconds": now["host_update_seconds"] - last["host_update_seconds"],
+                        "accumulate_seconds": now["accumulate_seconds"]
+                        - last["accumulate_seconds"],
+                        "roof": roof,
+                    }
+                )
+                last = now
     after = engine.stats()
     engine.close()
-    k = max(1, int(args.topk * args.cols))
-    deferred = args.matrices * args.rows * (args.cols - k)
     step_count_bytes = 8 * args.matrices * (args.cols - k) * args.windows
     moved = (
         after["host_lane_bytes_read"]
@@ -149,7 +178,27 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
     # The formula's bytes by phase: the accumulates, then the (fused) window update.
     update_bytes = g + w + (28 if interval > 1 else 24)
     accumulate_bytes = formula - update_bytes
+    # Per window: the lane's GB/s over the roof's GB/s of the same moment (window as a
+    # whole, update alone, accumulates alone).
+    per_window = {"window": [], "update": [], "accumulate": []}
+    for w_ in windows:
+        update_gbs = update_bytes * deferred / w_["update_seconds"] / 1e9
+        per_window["update"].append(update_gbs / w_["roof"]["update"])
+        window_gbs = formula * deferred / (w_["update_seconds"] + w_["accumulate_seconds"]) / 1e9
+        per_window["window"].append(window_gbs / w_["roof"]["window"])
+        if accumulate_bytes:
+            accumulate_gbs = accumulate_bytes * deferred / w_["accumulate_seconds"] / 1e9
+            per_window["accumulate"].append(accumulate_gbs / w_["roof"]["accumulate"])
     return {
+        "of_roof": {key: (statistics.median(v) if v else None) for key, v in per_window.items()},
+        "roof_gbs": {
+            key: (
+                statistics.median(w_["roof"][key] for w_ in windows)
+                if windows and windows[0]["roof"][key]
+                else None
+            )
+            for key in ("window", "update", "accumulate")
+        },
         "accumulate_gbs": (
             accumulate_bytes * deferred * args.windows / accumulate_seconds / 1e9
             if accumulate_bytes
@@ -198,8 +247,7 @@ def main() -> None:
             result = run(dtype, interval, args, 0.0)
             idle = run(dtype, interval, args, args.settle)
             roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
-            shape = shape_roof_gbs(name, interval, result["deferred"], args.threads)
-            rows.append((name, interval, result, idle, roof, shape))
+            rows.append((name, interval, result, idle, roof))
     lines = [
         f"# Host lane traffic and throughput ({datetime.date.today()})",
         "",
@@ -208,7 +256,9 @@ def main() -> None:
         f"{args.threads} host-lane threads, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch {torch.__version__}. Bytes per deferred element per window "
         "(step counts excluded); the roof is torch's best of copy and triad on as many threads, "
-        "measured right after each row. Lane GB/s pipelined: each step right after the last; "
+        "measured right after each row; the shape roof (GB/s: median over windows) is timed after "
+        "each window of the device-side-idle run, and its fractions are medians over windows of "
+        "the window's GB/s over the roof's of that moment. Lane GB/s pipelined: each step right after the last; "
         f"device side idle: a {args.settle} s pause after each step (the bench's docstring).",
         "",
         "| gradient and weights | S | counted B | formula B | unfused B | issue 29 floor B "
@@ -218,32 +268,31 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
-    def of(value, roof):
-        return "-" if value is None else f"{value:.1f}, {value / roof:.0%}"
+    def of(value, ratio):
+        return "-" if value is None else f"{value:.1f}, {ratio:.0%}"
 
-    for name, interval, r, idle, roof, shape in rows:
+    for name, interval, r, idle, roof in rows:
         floor = "-" if r["floor"] is None else f"{r['floor']}"
         lines.append(
             f"| {name} | {interval} | {r['counted']:.1f} | {r['formula']} | {r['unfused']} | {floor} "
             f"| {roof:.1f} | {r['gbs']:.1f} | {r['gbs'] / roof:.0%} "
-            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} | {shape['window']:.1f} "
-            f"| {idle['gbs'] / shape['window']:.0%} | {of(idle['update_gbs'], shape['update'])} "
-            f"| {of(idle['accumulate_gbs'], shape['accumulate'] or 1.0)} |"
+            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} | {idle['roof_gbs']['window']:.1f} "
+            f"| {idle['of_roof']['window']:.0%} | {of(idle['update_gbs'], idle['of_roof']['update'])} "
+            f"| {of(idle['accumulate_gbs'], idle['of_roof']['accumulate'])} |"
         )
     ratio_sets = (
         ("pipelined, of the copy/triad roof", [r[2]["gbs"] / r[4] for r in rows]),
         ("device side idle, of the copy/triad roof", [r[3]["gbs"] / r[4] for r in rows]),
-        ("device side idle, of the shape roof", [r[3]["gbs"] / r[5]["window"] for r in rows]),
-        (
-            "window update alone, of its shape roof",
-            [r[3]["update_gbs"] / r[5]["update"] for r in rows],
-        ),
+        ("device side idle, of the shape roof", [r[3]["of_roof"]["window"] for r in rows]),
+        ("window update alone, of its shape roof", [r[3]["of_roof"]["update"] for r in rows]),
         (
             "accumulates alone, of their shape roof",
-            [r[3]["accumulate_gbs"] / r[5]["accumulate"] for r in rows if r[5]["accumulate"]],
+            [r[3]["of_roof"]["accumulate"] for r in rows if r[3]["of_roof"]["accumulate"]],
         ),
     )
     for label, ratios in ratio_sets:
+        if not ratios:  # no accumulates at S = 1
+            continue
         lines.append(
             f"\nLane throughput, {label}: {min(ratios):.0%} to {max(ratios):.0%} "
             f"(median {statistics.median(ratios):.0%})."
@@ -255,7 +304,7 @@ def main() -> None:
     # The engine's count must be the formula's, exactly (the CI smoke run checks it too).
     wrong = [
         f"{name} S={interval}: counted {result['counted']} B, formula {result['formula']} B"
-        for name, interval, pipelined, idle, _, _ in rows
+        for name, interval, pipelined, idle, _ in rows
         for result in (pipelined, idle)
         if result["counted"] != result["formula"]
     ]

@@ -142,44 +142,35 @@ TEST_P(CpuAdamwLevels, MatchesScalarDefinitionBitForBit) {
   if (level > zf_simd_level_supported()) GTEST_SKIP() << "CPU lacks " << zf_simd_level_name(level);
   zenflow::ScopedSimdLevel simd(level);
   std::mt19937_64 rng(17 + level * 3 + grad_dtype);
-  // Around 256 elements: where the kernel's prefetching loop hands over to the plain one.
-  // The prefetches run only for calls larger than the cache: a pretended 1-byte cache turns
-  // them on at every size, a huge one off.
-  struct CacheOverride {
-    ~CacheOverride() { zf::set_last_level_cache_bytes_for_testing(0); }
-  } restore;
-  for (const int64_t cache_bytes : {int64_t{1}, int64_t{1} << 50})
-    for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{255}, size_t{256}, size_t{257},
-                           size_t{264}, size_t{273}, size_t{1000}, size_t{40099}}) {
-      zf::set_last_level_cache_bytes_for_testing(cache_bytes);
-      for (const zf_adam_mode mode : {ZF_ADAM_MODE_ADAMW, ZF_ADAM_MODE_ADAM}) {
-        for (const int out_kind : {-1, int{ZF_DTYPE_F32}, int{ZF_DTYPE_BF16}, int{ZF_DTYPE_F16}}) {
-          // Step 30000: sqrt(1 - beta2^step) rounds to 1, where the kernels skip its divide.
-          for (const bool zero_grad : {false, true})
-            for (const int64_t step_count : {int64_t{3}, int64_t{30000}}) {
-              const zf_adam_hparams h = zenflow::adam_hparams(0.9, 0.999, 1e-8, mode);
-              ASSERT_EQ(scalars_for(h, kLr, kWeightDecay, step_count).bc2_sqrt == 1.0f, step_count == 30000);
-              AdamState state = random_state(n, grad_dtype, rng);
-              AdamState expected = state;
-              Buffer out(out_kind < 0 ? ZF_DTYPE_F32 : static_cast<zf_dtype>(out_kind), n);
-              const float scale = 0.25f;
-              step(state, out_kind < 0 ? nullptr : &out, step_count, h, scale, zero_grad ? ZF_CPU_ADAMW_ZERO_GRAD : 0u);
-              step_reference(expected, step_count, h, scale);
-              if (zero_grad) expected.grad = Buffer(grad_dtype, n);
-              ASSERT_TRUE(state == expected)
-                  << "n=" << n << " mode=" << mode << " out=" << out_kind << " zero_grad=" << zero_grad
-                  << " cache=" << cache_bytes << " step=" << step_count;
-              if (out_kind >= 0) {
-                for (size_t i = 0; i < n; ++i) {
-                  Buffer one(out.dtype, 1);
-                  one.set(0, state.param[i]);
-                  ASSERT_EQ(out.get(i), one.get(0)) << "upload copy, element " << i;
-                }
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{255}, size_t{256}, size_t{257},
+                         size_t{264}, size_t{273}, size_t{1000}, size_t{40099}}) {
+    for (const zf_adam_mode mode : {ZF_ADAM_MODE_ADAMW, ZF_ADAM_MODE_ADAM}) {
+      for (const int out_kind : {-1, int{ZF_DTYPE_F32}, int{ZF_DTYPE_BF16}, int{ZF_DTYPE_F16}}) {
+        // Step 30000: sqrt(1 - beta2^step) rounds to 1, where the kernels skip its divide.
+        for (const bool zero_grad : {false, true})
+          for (const int64_t step_count : {int64_t{3}, int64_t{30000}}) {
+            const zf_adam_hparams h = zenflow::adam_hparams(0.9, 0.999, 1e-8, mode);
+            ASSERT_EQ(scalars_for(h, kLr, kWeightDecay, step_count).bc2_sqrt == 1.0f, step_count == 30000);
+            AdamState state = random_state(n, grad_dtype, rng);
+            AdamState expected = state;
+            Buffer out(out_kind < 0 ? ZF_DTYPE_F32 : static_cast<zf_dtype>(out_kind), n);
+            const float scale = 0.25f;
+            step(state, out_kind < 0 ? nullptr : &out, step_count, h, scale, zero_grad ? ZF_CPU_ADAMW_ZERO_GRAD : 0u);
+            step_reference(expected, step_count, h, scale);
+            if (zero_grad) expected.grad = Buffer(grad_dtype, n);
+            ASSERT_TRUE(state == expected) << "n=" << n << " mode=" << mode << " out=" << out_kind
+                                           << " zero_grad=" << zero_grad << " step=" << step_count;
+            if (out_kind >= 0) {
+              for (size_t i = 0; i < n; ++i) {
+                Buffer one(out.dtype, 1);
+                one.set(0, state.param[i]);
+                ASSERT_EQ(out.get(i), one.get(0)) << "upload copy, element " << i;
               }
             }
-        }
+          }
       }
     }
+  }
 }
 
 TEST_P(CpuAdamwLevels, TwentyStepsWithinFloat32RoundingOfFloat64) {
@@ -1524,7 +1515,7 @@ namespace {
 // Fused (AdamStepArgs::fuse_accumulate), a step gives, at every level, the bits of the
 // accumulate storing fma(g, s, A) (or into zeros) and a plain step reading that fp32 value
 // back: master, m, v and the output copy, the output written over the gradient it reads (the
-// engine's U) or elsewhere, streamed or not, prefetched or not, for every gradient and output
+// engine's U) or elsewhere, streamed or not, for every gradient and output
 // dtype and tails of every length. The accumulator is only read.
 TEST(FusedAccumulateStep, EqualsAccumulateThenStepBitForBit) {
   const std::vector<const zf::simd::KernelTable*> tables = kernel_tables_this_cpu_has();
@@ -1549,11 +1540,9 @@ TEST(FusedAccumulateStep, EqualsAccumulateThenStepBitForBit) {
           const std::vector<float> acc_before = acc;
           for (const bool fresh : {true, false}) {
             for (const bool stream : {false, true}) {
-              const bool prefetch = stream;
               zf::simd::AdamStepArgs base{};
               base.out_dtype = out_kind < 0 ? ZF_DTYPE_F32 : kFloatTypes[out_kind];
               base.stream_out = stream;
-              base.prefetch = prefetch;
               base.grad_scale = 0.25f;
               base.scalars = scalars_for(hparams, kLr, kWeightDecay, 3);
               // the unfused passes: accumulate into A (a fresh one: written as adding into zeros)
@@ -1702,56 +1691,66 @@ TEST(FusedAccumulateStep, ColumnPlanInPlaceEqualsAccumulateThenStep) {
 namespace {
 
 // The streaming roof's pass (simd stream_pass): every written stream holds the sum of the
-// read streams (bf16 streams as bf16) times scale, at every level this CPU has, with and
-// without non-temporal stores and prefetch, for counts with every tail; nothing past count
-// is touched.
+// read streams (bf16 streams as bf16) times scale, at every level this CPU has, for every
+// stream count (one instantiation each), with and without non-temporal stores and prefetch,
+// for counts with every tail; nothing past count is touched.
 TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
   std::mt19937 rng(41);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  // Stream s is of kind s % 4: a bf16 read, an f32 read-write, an f32 write, a bf16 write.
+  enum Kind { kBf16Read, kF32ReadWrite, kF32Write, kBf16Write };
+  constexpr int64_t kMost = 1024 + 13 + 64;
+  struct Aligned {
+    alignas(64) unsigned char bytes[kMost * 4];
+  };
+  std::vector<Aligned> buffers(zf::simd::kMaxStreamPassStreams);
   for (const zf_simd_level level : zenflow::supported_simd_levels()) {
     zenflow::ScopedSimdLevel simd(level);
-    for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{1024 + 13}}) {
-      for (const bool stream : {false, true}) {
-        const int64_t padded = count + 64;
-        // A bf16 read, an f32 read-write, an f32 write, a bf16 write: 64-byte aligned starts.
-        alignas(64) static float f32_rw[2048], f32_w[2048];
-        alignas(64) static uint16_t bf16_r[2048], bf16_w[2048];
-        for (int64_t i = 0; i < padded; ++i) {
-          bf16_r[i] = zf::f32_to_bf16(uniform(rng));
-          f32_rw[i] = uniform(rng);
-          f32_w[i] = 77.0f;
-          bf16_w[i] = zf::f32_to_bf16(77.0f);
-        }
-        std::vector<float> rw_before(f32_rw, f32_rw + padded);
-        zf::simd::StreamPassArgs a{};
-        a.streams = 4;
-        a.data[0] = bf16_r;
-        a.bytes[0] = 2;
-        a.read[0] = true;
-        a.data[1] = f32_rw;
-        a.bytes[1] = 4;
-        a.read[1] = a.write[1] = true;
-        a.data[2] = f32_w;
-        a.bytes[2] = 4;
-        a.write[2] = true;
-        a.data[3] = bf16_w;
-        a.bytes[3] = 2;
-        a.write[3] = true;
-        a.stream = stream;
-        a.prefetch = !stream;
-        a.scale = 0.5f;
-        zf::simd::active_kernels().stream_pass(a, count);
-        const std::string where = std::string(zf_simd_level_name(level)) + " count " + std::to_string(count);
-        for (int64_t i = 0; i < padded; ++i) {
-          if (i >= count) {
-            ASSERT_EQ(f32_rw[i], rw_before[static_cast<size_t>(i)]) << where;
-            ASSERT_EQ(f32_w[i], 77.0f) << where;
-            continue;
+    for (int streams = 1; streams <= zf::simd::kMaxStreamPassStreams; ++streams) {
+      for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{1024 + 13}}) {
+        for (const bool stream : {false, true}) {
+          const int64_t padded = count + 64;
+          zf::simd::StreamPassArgs a{};
+          a.streams = streams;
+          std::vector<float> before(static_cast<size_t>(streams * padded));
+          for (int s = 0; s < streams; ++s) {
+            const Kind kind = static_cast<Kind>(s % 4);
+            a.data[s] = buffers[static_cast<size_t>(s)].bytes;
+            a.bytes[s] = kind == kBf16Read || kind == kBf16Write ? 2 : 4;
+            a.read[s] = kind == kBf16Read || kind == kF32ReadWrite;
+            a.write[s] = kind != kBf16Read;
+            for (int64_t i = 0; i < padded; ++i) {
+              const float value = a.read[s] ? uniform(rng) : 77.0f;
+              if (a.bytes[s] == 2) {
+                static_cast<uint16_t*>(a.data[s])[i] = zf::f32_to_bf16(value);
+                before[static_cast<size_t>(s * padded + i)] = zf::bf16_to_f32(zf::f32_to_bf16(value));
+              } else {
+                static_cast<float*>(a.data[s])[i] = value;
+                before[static_cast<size_t>(s * padded + i)] = value;
+              }
+            }
           }
-          const float expected = (zf::bf16_to_f32(bf16_r[i]) + rw_before[static_cast<size_t>(i)]) * 0.5f;
-          ASSERT_EQ(f32_rw[i], expected) << where << " element " << i;
-          ASSERT_EQ(f32_w[i], expected) << where;
-          ASSERT_EQ(bf16_w[i], zf::f32_to_bf16(expected)) << where;
+          a.stream = stream;
+          a.prefetch = !stream;
+          a.scale = 0.5f;
+          zf::simd::active_kernels().stream_pass(a, count);
+          const std::string where = std::string(zf_simd_level_name(level)) + " streams " + std::to_string(streams) +
+                                    " count " + std::to_string(count) + (stream ? " streamed" : "");
+          for (int64_t i = 0; i < padded; ++i) {
+            float sum = 0.0f;
+            for (int s = 0; s < streams; ++s) {
+              if (a.read[s]) sum += before[static_cast<size_t>(s * padded + i)];
+            }
+            const float expected = sum * 0.5f;
+            for (int s = 0; s < streams; ++s) {
+              const float held = a.bytes[s] == 2 ? zf::bf16_to_f32(static_cast<const uint16_t*>(a.data[s])[i])
+                                                 : static_cast<const float*>(a.data[s])[i];
+              const float want = i >= count || !a.write[s] ? before[static_cast<size_t>(s * padded + i)]
+                                 : a.bytes[s] == 2         ? zf::bf16_to_f32(zf::f32_to_bf16(expected))
+                                                           : expected;
+              ASSERT_EQ(held, want) << where << " stream " << s << " element " << i;
+            }
+          }
         }
       }
     }

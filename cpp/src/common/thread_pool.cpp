@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -237,49 +236,9 @@ int online_cpu_count() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-namespace {
-
-std::atomic<int64_t> last_level_cache_override{0};
-
-// The largest cache level Linux describes for CPU 0 (/sys/devices/system/cpu/cpu0/cache/
-// index*/level and size, "32768K"); 0 when none is readable.
-int64_t read_last_level_cache_bytes() {
-  int64_t best_level = 0, best_bytes = 0;
-#if defined(__linux__)
-  for (int index = 0; index < 16; ++index) {
-    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(base + "level"), size_file(base + "size");
-    int64_t level = 0, size = 0;
-    std::string unit;  // the number stops at the unit: "32768K" reads as 32768 then "K"
-    if (!(level_file >> level) || !(size_file >> size)) continue;
-    size_file >> unit;
-    const int64_t scale = unit == "M" ? (int64_t{1} << 20) : unit == "K" ? 1024 : 1;
-    if (level > best_level || (level == best_level && size * scale > best_bytes)) {
-      best_level = level;
-      best_bytes = size * scale;
-    }
-  }
-#endif
-  return best_bytes;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int max_thread_count() { return std::max(64, 4 * host_cpu_count()); }
-
-int64_t last_level_cache_bytes() {
-  const int64_t override_bytes = last_level_cache_override.load(std::memory_order_relaxed);
-  if (override_bytes > 0) return override_bytes;
-  static const int64_t bytes = [] {
-    const int64_t read = read_last_level_cache_bytes();
-    return read > 0 ? read : int64_t{32} << 20;
-  }();
-  return bytes;
-}
-
-void set_last_level_cache_bytes_for_testing(int64_t bytes) {
-  last_level_cache_override.store(bytes, std::memory_order_relaxed);
-}
 
 int default_thread_count() {
   const int override_count = default_thread_count_override.load(std::memory_order_relaxed);

@@ -122,11 +122,6 @@ int host_cpu_count();
 int max_thread_count();
 // The host's online CPUs, whatever this process's affinity (at least 1).
 int online_cpu_count();
-// Bytes of the largest CPU cache (the last level) as Linux reports it for CPU 0, read once;
-// 32 MiB where it is not reported.
-int64_t last_level_cache_bytes();
-// For tests: overrides last_level_cache_bytes() (0 restores the real value).
-void set_last_level_cache_bytes_for_testing(int64_t bytes);
 
 // ---- testing hooks ----------------------------------------------------------------------
 // For tests only: they change process-wide behaviour and are not thread-safe against pools

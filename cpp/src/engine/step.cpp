@@ -1014,12 +1014,6 @@ void Engine::start_update(bool fused) {
   const Event header_copied = closing_copied_;
   const int acc = window_.filling();
   const float scale = 1.0f / static_cast<float>(window_.steps());
-  // The whole window streams through the cache one matrix after the other: each call
-  // prefetches as the size of the whole update says, not as its own matrix's does.
-  int64_t window_elements = 0;
-  for (const Matrix& m : matrices_) {
-    window_elements += m.rows * (m.own_cols - static_cast<int64_t>(m.own_selected.size()));
-  }
   bool any_deferred = false;
   const zf_adam_hparams hparams = window_.hparams();
   for (Matrix& m : matrices_) {
@@ -1035,11 +1029,11 @@ void Engine::start_update(bool fused) {
     const zf_dtype out_dtype = buckets_[m.bucket].dtype;
     Backend* backend = backend_.get();
     const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
-    chunks.push_back([this, &m, acc, scale, lr, wd, span, out, out_dtype, hparams, backend, uploaded, window_elements,
-                      header, header_copied](ThreadPool& pool) {
+    chunks.push_back([this, &m, acc, scale, lr, wd, span, out, out_dtype, hparams, backend, uploaded, header,
+                      header_copied](ThreadPool& pool) {
       backend->host_wait(uploaded);
       const zf_column_state state = host_state(m, true);
-      AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS, window_elements};
+      AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS};
       values.step_span = span;
       // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
       // master (when held), m, v read and written back but A; the upload copy written in

@@ -25,19 +25,12 @@ namespace {
 // first accumulate (write-only) streams its accumulators from the same size on.
 constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 
-// Whether a step over `elements` elements prefetches its read streams: when the fp32 master,
-// m and v and an fp32 gradient (16 bytes per element) exceed the last-level cache, the data
-// comes from memory and the prefetches fill gaps the hardware prefetchers leave; below,
-// the data is in cache and prefetches only cost instructions.
-inline bool prefetch_reads(int64_t elements) { return elements * 16 > last_level_cache_bytes(); }
-
 // What every piece of a step over `elements` elements shares, decided once per run: whether
-// the gradient is zeroed, the gradient scale, and the two memory choices above.
+// the gradient is zeroed, the gradient scale, and the output's stores (above).
 simd::AdamStepArgs shared_step_args(int64_t elements, const AdamRunValues& values) {
   simd::AdamStepArgs args{};
   args.zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
   args.stream_out = elements >= kStreamOutMinElements;
-  args.prefetch = prefetch_reads(std::max(elements, values.working_set_elements));
   args.grad_scale = values.grad_scale;
   return args;
 }

@@ -147,10 +147,6 @@ struct AdamRunValues {
   zf_adam_hparams hparams;
   float grad_scale;
   uint32_t flags;  // ZF_CPU_ADAMW_ZERO_GRAD, ZF_CPU_ADAMW_INCREMENT_STEPS (column step only)
-  // Elements the caller streams through around this call, when more than the call's own (the
-  // engine updates a window one matrix per call): decides, with the cache size, whether the
-  // data comes from memory and the read streams are prefetched. 0: the call's own elements.
-  int64_t working_set_elements = 0;
   // A fused column step (ColumnStepPointers::fuse_accumulate): the packed gradient's own scale
   // in the accumulate (the window's last step's gradient scale); grad_scale then applies to
   // the sum.

@@ -24,7 +24,6 @@ struct AdamStepArgs {
   zf_dtype out_dtype;
   bool zero_grad;
   bool stream_out;   // a bf16/f16 `out` is written with non-temporal stores (large calls)
-  bool prefetch;     // the read streams are prefetched ahead (calls larger than the cache)
   float grad_scale;  // applied to the gradient before anything else
   // The window's last accumulate fused into its update (the engine's window close): the
   // gradient is first fma(grad, accumulate_scale, accumulator[i]) -- +0.0f for a null
@@ -66,7 +65,7 @@ struct StreamPassArgs {
   bool read[kMaxStreamPassStreams];
   bool write[kMaxStreamPassStreams];
   bool stream;    // write-only streams take non-temporal stores (data aligned to 64 bytes)
-  bool prefetch;  // the read streams are prefetched ahead, as the Adam step does
+  bool prefetch;  // the read streams are prefetched in software ahead
   float scale;
 };
 

@@ -79,11 +79,6 @@ inline int64_t alignment_head(const void* p, size_t alignment, size_t bytes_each
   return misaligned == 0 ? 0 : std::min(count, static_cast<int64_t>(alignment / bytes_each) - misaligned);
 }
 
-// The step's software prefetch (adam_step_typed): how far ahead, in elements, and the fp32
-// elements of one 64-byte cache line.
-constexpr int64_t kPrefetchElements = 256;
-constexpr int64_t kFloatsPerLine = 16;
-
 // The step scalars broadcast once per call.
 template <class Isa>
 struct AdamVectorScalars {
@@ -187,28 +182,10 @@ void adam_step_typed(const zf::simd::AdamStepArgs& a, int64_t count) {
     if (head > 0) adam_padded<Isa, kGrad, kOut, kZeroGrad, kFuse>(a, s, 0, static_cast<size_t>(head));
     i = head;
   }
-  // Software prefetch of the streams read (master, m, v, grad) kPrefetchElements ahead, once
-  // per cache line of each: measured on a 2-core AMD EPYC at 64M bf16 elements, the step
-  // went from about 90% to about 94% of the machine's streaming roof (the hardware
-  // prefetchers alone leave gaps across the eight streams of a bf16 step). Only for calls
-  // whose data does not fit in the cache (a.prefetch): at 1M fp32 elements, in cache, the
-  // prefetches made the step 10% slower (297 against 267 us). Prefetches change no result;
-  // the last kPrefetchElements run without them (nothing to fetch).
-  const int64_t prefetch_end = a.prefetch ? count - kPrefetchElements : i, start = i;
-  constexpr int64_t kGradPerLine = kFloatsPerLine * 4 / static_cast<int64_t>(element_bytes(kGrad));
-  for (; i + Isa::kLanes <= count && i < prefetch_end; i += Isa::kLanes) {
-    if ((i - start) % kFloatsPerLine == 0) {
-      __builtin_prefetch(a.param + i + kPrefetchElements, 1, 3);
-      __builtin_prefetch(a.exp_avg + i + kPrefetchElements, 1, 3);
-      __builtin_prefetch(a.exp_avg_sq + i + kPrefetchElements, 1, 3);
-      if constexpr (kFuse == kFuseIntoAccumulator) __builtin_prefetch(a.accumulator + i + kPrefetchElements, 0, 3);
-    }
-    if ((i - start) % kGradPerLine == 0) {
-      __builtin_prefetch(static_cast<const unsigned char*>(a.grad) + (i + kPrefetchElements) * element_bytes(kGrad),
-                         kZeroGrad ? 1 : 0, 3);
-    }
-    adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut, kFuse>(a, s, i);
-  }
+  // No software prefetch: the hardware prefetchers keep up. Measured on a 2-core AMD EPYC
+  // (Zen 4), interleaved on the same buffers, prefetching master, m, v, A and the gradient
+  // 256 (or 1024 to 4096, into L2) elements ahead made the step 2-8% slower from memory
+  // (benchmarks/results/2026-12-06-host-lane-roof-per-window.md), and 10% slower in cache.
   for (; i + Isa::kLanes <= count; i += Isa::kLanes)
     adam_vector_at<Isa, kGrad, kOut, kZeroGrad, kStreamOut, kFuse>(a, s, i);
   if (i < count) adam_padded<Isa, kGrad, kOut, kZeroGrad, kFuse>(a, s, i, static_cast<size_t>(count - i));
