@@ -66,11 +66,10 @@ def name_of(dtype: torch.dtype) -> str:
     return next(name for name, d in DTYPES.items() if d == dtype)
 
 
-def shape_roof_gbs(
-    dtype_name: str, interval: int, deferred: int, threads: int, reps: int = 5
-) -> dict:
+def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int, reps: int) -> dict:
     """The window's bytes over its passes' times at their same-shape roofs (docstring), and
-    the same for the accumulates alone and the update alone, in GB/s."""
+    the same for the accumulates alone and the update alone, in GB/s (each pass the best of
+    its variants, `reps` timed passes each)."""
     g = ("bfloat16", "read") if dtype_name == "bfloat16" else ("float32", "read")
     u = (dtype_name, "read_write")
     state = [("float32", "read_write")] * 3  # master, m, v
