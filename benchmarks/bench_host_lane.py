@@ -62,10 +62,6 @@ from zenflow import _C
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def name_of(dtype: torch.dtype) -> str:
-    return next(name for name, d in DTYPES.items() if d == dtype)
-
-
 def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int, reps: int) -> dict:
     """The window's bytes over its passes' times at their same-shape roofs (docstring), and
     the same for the accumulates alone and the update alone, in GB/s (each pass the best of
@@ -110,7 +106,8 @@ def roof_gbs(elements: int, threads: int, reps: int) -> float:
     return best
 
 
-def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: float) -> dict:
+def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float) -> dict:
+    dtype = DTYPES[dtype_name]
     shapes = [(args.rows, args.cols)] * args.matrices
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
@@ -145,7 +142,7 @@ def run(dtype: torch.dtype, interval: int, args: argparse.Namespace, settle: flo
             time.sleep(settle)
             if (t + 1) % interval == 0:
                 now = engine.stats()
-                roof = shape_roof_gbs(name_of(dtype), interval, deferred, args.threads, reps=1)
+                roof = shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1)
                 windows.append(
                     {
                         "update_seconds": now["host_update_seconds"] - last["host_update_seconds"],
@@ -241,10 +238,10 @@ def main() -> None:
 
     elements = args.matrices * args.rows * args.cols
     rows = []
-    for name, dtype in DTYPES.items():
+    for name in DTYPES:
         for interval in args.intervals:
-            result = run(dtype, interval, args, 0.0)
-            idle = run(dtype, interval, args, args.settle)
+            result = run(name, interval, args, 0.0)
+            idle = run(name, interval, args, args.settle)
             roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
             rows.append((name, interval, result, idle, roof))
     lines = [

@@ -1590,7 +1590,7 @@ TEST(FusedAccumulateStep, EqualsAccumulateThenStepBitForBit) {
 
 // The column step plan fused, as the engine's window update runs it: the packed gradient in
 // the packed output (U) itself, a fresh matrix and one with an accumulator, a pool of 3
-// threads over more than 4M elements (streamed output, prefetched reads), at every level:
+// threads over more than 4M elements (streamed output), at every level:
 // the bits of the accumulate plan and then the plain plan on the accumulators.
 TEST(FusedAccumulateStep, ColumnPlanInPlaceEqualsAccumulateThenStep) {
   const int64_t rows = 1031, cols = 2053;

@@ -236,8 +236,6 @@ int online_cpu_count() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-namespace {}  // namespace
-
 int max_thread_count() { return std::max(64, 4 * host_cpu_count()); }
 
 int default_thread_count() {
