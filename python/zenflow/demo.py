@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 import zenflow
 
+from .config import ENGINE_DEFAULTS
 from .optimizer import ZenFlowAdamW, stall_seconds
 
 __all__ = ["DemoConfig", "PRESETS", "run_demo", "main"]
@@ -789,7 +790,8 @@ def main(argv: list[str] | None = None) -> int:
             "models, 3 seeds). zenflow's first "
             f"{summary['runs']['zenflow']['engine_stats']['synchronous_start_steps']} steps "
             "ran synchronously (their stall is in the table): the first 8 while it read the "
-            "regime from the gradients; from scratch it keeps 200 synchronous (measured within "
+            "regime from the gradients; from scratch it keeps "
+            f"{ENGINE_DEFAULTS['auto_warm_up_rounds']} synchronous (measured within "
             "2.7% of AdamW that way); see the README, 'Which settings'."
         )
         print()
