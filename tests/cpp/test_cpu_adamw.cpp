@@ -209,6 +209,52 @@ TEST_P(CpuAdamwLevels, TwentyStepsWithinFloat32RoundingOfFloat64) {
 INSTANTIATE_TEST_SUITE_P(LevelsAndGradTypes, CpuAdamwLevels,
                          ::testing::Combine(::testing::ValuesIn(kLevels), ::testing::ValuesIn(kFloatTypes)));
 
+// The bias correction's divide, sqrt(v) / sqrt(bc2), is computed by the SIMD levels from a
+// reciprocal and Markstein's correction (kernels_adam_impl.hpp), which is the correctly rounded
+// quotient for every square root of a float and every divisor in [2^-27, 1]. With beta1 = 0,
+// eps = 0, lr = 1, no weight decay and zero state, the step leaves param = -g / (sqrt(v) / b)
+// with v = (1 - beta2) g^2: a quotient one ulp off changes the result's bits. The gradients
+// take every exponent, so the square roots cover [2^-75, 2^64], zeros, infinities and NaN.
+TEST(CpuAdamw, BiasCorrectionDivideIsCorrectlyRoundedOverTheSquareRoots) {
+  std::mt19937_64 rng(2026);
+  std::uniform_int_distribution<uint32_t> exponent(0, 254), mantissa(0, (1u << 23) - 1), sign(0, 1);
+  const size_t n = 1 << 17;
+  std::vector<float> grads(n);
+  for (size_t i = 0; i < n; ++i) grads[i] = zf::f32_from_bits(sign(rng) << 31 | exponent(rng) << 23 | mantissa(rng));
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, 0x1p64f, 0x1.fffffep127f};
+  std::copy(std::begin(specials), std::end(specials), grads.begin());
+  const double largest_beta2 = std::nextafter(1.0, 0.0);  // bc2_sqrt = 2^-26.5 at step 1
+  for (const auto& [beta2, step_count] : std::vector<std::pair<double, int64_t>>{
+           {0.999, 1}, {0.999, 7}, {0.999, 1000}, {0.95, 3}, {0.9999, 12345}, {0.5, 1}, {largest_beta2, 1}}) {
+    const zf_adam_hparams h = zenflow::adam_hparams(0.0, beta2, 0.0, ZF_ADAM_MODE_ADAMW);
+    const float bc2_sqrt = scalars_for(h, 1.0, 0.0, step_count).bc2_sqrt;
+    ASSERT_TRUE(bc2_sqrt >= 0x1p-27f && bc2_sqrt < 1.0f) << bc2_sqrt;
+    AdamState expected;
+    expected.param.assign(n, 0.0f);
+    expected.exp_avg.assign(n, 0.0f);
+    expected.exp_avg_sq.assign(n, 0.0f);
+    expected.grad = Buffer(ZF_DTYPE_F32, n);
+    expected.grad.f32 = grads;
+    const AdamState initial = expected;
+    step_reference(expected, step_count, h, 1.0f, 1.0, 0.0);
+    for (const zf_simd_level level : zenflow::supported_simd_levels()) {
+      zenflow::ScopedSimdLevel simd(level);
+      AdamState state = initial;
+      step(state, nullptr, step_count, h, 1.0f, 0, 1.0, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(zf::f32_bits(state.param[i]), zf::f32_bits(expected.param[i]))
+            << zf_simd_level_name(level) << " beta2 " << beta2 << " step " << step_count << " grad " << grads[i]
+            << " v " << expected.exp_avg_sq[i];
+      }
+      // (Bit patterns throughout: the gradients include NaN, which == would never match.)
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(zf::f32_bits(state.exp_avg[i]), zf::f32_bits(expected.exp_avg[i])) << "element " << i;
+        ASSERT_EQ(zf::f32_bits(state.exp_avg_sq[i]), zf::f32_bits(expected.exp_avg_sq[i])) << "element " << i;
+      }
+    }
+  }
+}
+
 TEST(CpuAdamw, LevelsAgreeBitForBit) {
   std::mt19937_64 rng(5);
   const AdamState start = random_state(4099, ZF_DTYPE_BF16, rng);

@@ -33,6 +33,14 @@ struct Avx2Isa {
   static F32 div(F32 a, F32 b) { return _mm256_div_ps(a, b); }
   static F32 sqrt(F32 a) { return _mm256_sqrt_ps(a); }
   static F32 fma(F32 a, F32 b, F32 c) { return _mm256_fmadd_ps(a, b, c); }
+  // Markstein's correction (kernels_adam_impl.hpp): the residual q * b - a is exact; it is
+  // NaN only where a is +-inf or NaN, and there q is already a / b.
+  static F32 div_root_by_invariant(F32 a, F32 b, F32 reciprocal) {
+    const F32 q = _mm256_mul_ps(a, reciprocal);
+    const F32 residual = _mm256_fmsub_ps(q, b, a);
+    const F32 corrected = _mm256_fnmadd_ps(residual, reciprocal, q);
+    return _mm256_blendv_ps(corrected, q, _mm256_cmp_ps(residual, residual, _CMP_UNORD_Q));
+  }
   static void store_f32(float* p, F32 x) { _mm256_storeu_ps(p, x); }
   // Round to nearest even in integer arithmetic; NaN keeps its sign and top payload bits
   // and is made quiet, as zf::f32_to_bf16 does.

@@ -33,6 +33,14 @@ struct Avx512Isa {
   static F32 div(F32 a, F32 b) { return _mm512_div_ps(a, b); }
   static F32 sqrt(F32 a) { return _mm512_sqrt_ps(a); }
   static F32 fma(F32 a, F32 b, F32 c) { return _mm512_fmadd_ps(a, b, c); }
+  // Markstein's correction (kernels_adam_impl.hpp): the residual q * b - a is exact; it is
+  // NaN only where a is +-inf or NaN, and there q is already a / b.
+  static F32 div_root_by_invariant(F32 a, F32 b, F32 reciprocal) {
+    const F32 q = _mm512_mul_ps(a, reciprocal);
+    const F32 residual = _mm512_fmsub_ps(q, b, a);
+    const F32 corrected = _mm512_fnmadd_ps(residual, reciprocal, q);
+    return _mm512_mask_mov_ps(corrected, _mm512_cmp_ps_mask(residual, residual, _CMP_UNORD_Q), q);
+  }
   static void store_f32(float* p, F32 x) { _mm512_storeu_ps(p, x); }
   // Round to nearest even in integer arithmetic (AVX512_BF16 is not part of this level);
   // NaN keeps its sign and top payload bits and is made quiet, as zf::f32_to_bf16 does.
