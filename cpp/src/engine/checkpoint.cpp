@@ -155,15 +155,22 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     if (parallel()) {  // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
-    for (int64_t j = lo; j < hi; ++j) {  // host layout [own_cols, rows] -> [rows, cols]
+    size_t next_selected = 0;
+    int64_t position = 0;                // in the deferred host layout [own_deferred, rows]
+    for (int64_t j = lo; j < hi; ++j) {  // -> [rows, cols]
       const int64_t local = j - lo;
-      for (int64_t r = 0; r < rows; ++r) {
-        master[r * cols + j] = m.master[local * rows + r];
-        exp_avg[r * cols + j] = m.exp_avg[local * rows + r];
-        exp_avg_sq[r * cols + j] = m.exp_avg_sq[local * rows + r];
-        accumulator[r * cols + j] = holds_window ? acc[local * rows + r] : 0.0f;
+      if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
+        ++next_selected;  // written from the compact state below
+        continue;
       }
-      steps[j] = m.steps[local];
+      for (int64_t r = 0; r < rows; ++r) {
+        master[r * cols + j] = m.master[position * rows + r];
+        exp_avg[r * cols + j] = m.exp_avg[position * rows + r];
+        exp_avg_sq[r * cols + j] = m.exp_avg_sq[position * rows + r];
+        accumulator[r * cols + j] = holds_window ? acc[position * rows + r] : 0.0f;
+      }
+      steps[j] = m.steps[position];
+      ++position;
     }
     for (int64_t c = 0; c < k; ++c) {  // the selected columns live in the compact state [rows, k]
       const int64_t j = m.selected[c];
@@ -316,21 +323,6 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
     }
     Matrix& m = matrices_[p.index];
     const int64_t rows = m.rows, cols = m.cols;
-    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {  // this rank's columns
-      const int64_t local = j - m.own_lo;
-      for (int64_t r = 0; r < rows; ++r) {
-        m.master[local * rows + r] = master[r * cols + j];
-        m.exp_avg[local * rows + r] = exp_avg[r * cols + j];
-        m.exp_avg_sq[local * rows + r] = exp_avg_sq[r * cols + j];
-      }
-      m.steps[local] = steps[j];
-    }
-    const auto* accumulator = static_cast<const float*>(buffers[e + 7].data);
-    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {  // the open window's sums
-      const int64_t local = j - m.own_lo;
-      for (int64_t r = 0; r < rows; ++r) m.acc[0][local * rows + r] = accumulator[r * cols + j];
-    }
-    std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
     const zf_tensor& sel = buffers[e + 4];
     const auto* saved = static_cast<const int32_t*>(sel.data);
     const int64_t k_saved = sel.shape[0];
@@ -353,6 +345,27 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
       m.selected.clear();
       reselect = true;
     }
+    // This rank's deferred columns, with the open window's sums, into the deferred host layout.
+    set_own_selected(m);
+    const auto* accumulator = static_cast<const float*>(buffers[e + 7].data);
+    size_t next_selected = 0;
+    int64_t position = 0;
+    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {
+      const int64_t local = j - m.own_lo;
+      if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
+        ++next_selected;
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        m.master[position * rows + r] = master[r * cols + j];
+        m.exp_avg[position * rows + r] = exp_avg[r * cols + j];
+        m.exp_avg_sq[position * rows + r] = exp_avg_sq[r * cols + j];
+        m.acc[0][position * rows + r] = accumulator[r * cols + j];
+      }
+      m.steps[position] = steps[j];
+      ++position;
+    }
+    std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
     std::copy_n(static_cast<const float*>(buffers[e + 5].data), 2 * cols, m.window_score.begin());
     std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
     e += 8;
@@ -380,21 +393,16 @@ void Engine::write_upload_from_master(Matrix& m) {
   // parameter's dtype, rounded as the host update rounds its output.
   const zf_dtype dtype = params_[m.param].tensor.dtype;
   uint8_t* out = upload_copy(window_.result_buffer()) + m.upload_offset;
-  size_t next_selected = 0, position = 0;
-  for (int64_t local = 0; local < m.own_cols; ++local) {
-    if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
-      ++next_selected;
-      continue;
-    }
-    for (int64_t r = 0; r < m.rows; ++r, ++position) {
-      const float value = m.master[static_cast<size_t>(local * m.rows + r)];
-      if (dtype == ZF_DTYPE_BF16) {
-        reinterpret_cast<uint16_t*>(out)[position] = f32_to_bf16(value);
-      } else if (dtype == ZF_DTYPE_F16) {
-        reinterpret_cast<uint16_t*>(out)[position] = f32_to_f16(value);
-      } else {
-        reinterpret_cast<float*>(out)[position] = value;
-      }
+  // The host master is in the same layout: element for element.
+  const auto elements = static_cast<size_t>(m.own_deferred() * m.rows);
+  for (size_t position = 0; position < elements; ++position) {
+    const float value = m.master[position];
+    if (dtype == ZF_DTYPE_BF16) {
+      reinterpret_cast<uint16_t*>(out)[position] = f32_to_bf16(value);
+    } else if (dtype == ZF_DTYPE_F16) {
+      reinterpret_cast<uint16_t*>(out)[position] = f32_to_f16(value);
+    } else {
+      reinterpret_cast<float*>(out)[position] = value;
     }
   }
 }

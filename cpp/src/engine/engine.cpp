@@ -430,8 +430,8 @@ void Engine::initialize_state() {
   ensure_device_memory();
   ensure_host_memory();
   // Host masters from the weights: a pack with nothing selected writes W^T in fp32, which is
-  // the host layout.
-  // Of this rank's columns only: the pack skips the others.
+  // the deferred host layout while nothing is selected. Of this rank's columns only: the
+  // pack skips the others.
   for (Matrix& m : matrices_) {
     std::vector<int32_t> others;
     for (int64_t j = 0; j < m.cols; ++j)
@@ -485,7 +485,7 @@ std::vector<uint8_t> Engine::download_param(size_t index) {
 
 zf_column_state Engine::host_state(Matrix& m, bool with_master) {
   zf_column_state s{};
-  const int64_t shape[2] = {m.own_cols, m.rows};
+  const int64_t shape[2] = {m.own_deferred(), m.rows};
   auto tensor = [&](void* data, zf_dtype dtype, int ndim, const int64_t* dims) {
     zf_tensor t{};
     t.data = data;

@@ -245,14 +245,18 @@ class Engine {
     std::vector<int32_t> selected;  // current selection: empty, or k ascending columns
     size_t dev_selected = 0;        // device copy of `selected` (k i32)
     size_t col_offset = 0;          // this matrix's column sums in the col_sq region (floats)
-    // host layout [cols, rows]
+    // The deferred host layout: this rank's deferred columns (its columns minus own_selected),
+    // ascending, each column's rows contiguous: [own_deferred(), rows], the layout of the
+    // packed gradient and the upload copy, so that the window's passes stream every array
+    // with no gaps. Allocated for all [own_cols, rows]; a selection moves the columns that
+    // stay deferred to their new places (relayout_deferred).
     std::vector<float> master, exp_avg, exp_avg_sq, acc[2];
     // Per accumulator: 1 while it holds nothing of an open window (the next accumulate
     // writes it instead of adding; the update that consumes it does not zero it). Touched
     // by the host lane's jobs only (one thread), and by the training thread only while the
     // lane is idle (rebuild_plans).
     uint8_t acc_fresh[2] = {1, 1};
-    std::vector<int32_t> steps;
+    std::vector<int32_t> steps;  // per deferred column, in the same order
     size_t dev_master = 0, dev_exp_avg = 0, dev_exp_avg_sq = 0, dev_steps = 0;  // device offsets
     size_t compact_bytes = 0;
     std::vector<float> window_score;  // [2, cols]: previous, current window
@@ -264,10 +268,11 @@ class Engine {
     // where the closing step's pack left it, and the result written back over it.
     ColumnStepPlan fused_update_plan;
     // The columns this rank owns, [own_lo, own_lo + own_cols): all of them on one engine. The
-    // host state covers only them ([own_cols, rows]); own_selected are the selected ones among
-    // them, minus own_lo (the host plans' indices).
+    // host state covers only them; own_selected are the selected ones among them, minus
+    // own_lo, and the host state holds the others (own_deferred() columns).
     int64_t own_lo = 0, own_cols = 0;
     std::vector<int32_t> own_selected;
+    int64_t own_deferred() const { return own_cols - static_cast<int64_t>(own_selected.size()); }
     // Data parallel, device lists: the unselected columns (the selected ones' pack skips
     // them), and per rank q a skip list of every column outside q's deferred chunk (n i32 each).
     size_t dev_deferred = 0, dev_rank_skip = 0;
@@ -302,15 +307,15 @@ class Engine {
     size_t upload_offset;
     std::unique_ptr<PackPlan> pack;
     AccumulatePlan accumulate;
-    std::vector<uint8_t> overwrite;  // host lane: per matrix, this accumulate writes (acc_fresh)
-    size_t packed_bytes = 0;         // with the current selection
-    size_t early_slot = 0;           // the host staging slot it took at submit (split steps)
-    size_t early_device_slot = 0;    // and its device slot (the same on the host backend)
-    size_t compact_grad_offset = 0;  // release_gradients: its matrices' compact gradients (device)
-    size_t gradient_bytes = 0;       // its matrices' whole gradients, in bytes
-    std::vector<zf_tensor> acc_tensors[2], selected_tensors;  // host
-    std::vector<zf_tensor> matrix_tensors;                    // per step: gradients or parameters
-    std::vector<const int32_t*> selected_ptrs;                // device: what `pack` skips
+    std::vector<uint8_t> overwrite;             // host lane: per matrix, this accumulate writes (acc_fresh)
+    size_t packed_bytes = 0;                    // with the current selection
+    size_t early_slot = 0;                      // the host staging slot it took at submit (split steps)
+    size_t early_device_slot = 0;               // and its device slot (the same on the host backend)
+    size_t compact_grad_offset = 0;             // release_gradients: its matrices' compact gradients (device)
+    size_t gradient_bytes = 0;                  // its matrices' whole gradients, in bytes
+    std::vector<zf_tensor> acc_tensors[2];      // host, deferred layout
+    std::vector<zf_tensor> matrix_tensors;      // per step: gradients or parameters
+    std::vector<const int32_t*> selected_ptrs;  // device: what `pack` skips
     // The bucket's selected columns (selected_pack, skipping the deferred ones: data
     // parallel's all-reduce of them, release_gradients' compact copy) and, data parallel,
     // each matrix's device skip lists: rank q's (rank_skip_ptrs[q]), the deferred columns'
@@ -421,6 +426,7 @@ class Engine {
   size_t agreement_slots() const { return parallel() ? static_cast<size_t>(world_) : 0; }
   float* device_float(size_t offset) const { return reinterpret_cast<float*>(arena_.base() + offset); }
   int32_t* device_int(size_t offset) const { return reinterpret_cast<int32_t*>(arena_.base() + offset); }
+  // Matrix m's host state in the deferred host layout, [own_deferred(), rows].
   zf_column_state host_state(Matrix& m, bool with_master);
   // A loaded pending host result: matrix m's upload copy from its host master.
   void write_upload_from_master(Matrix& m);
@@ -429,7 +435,9 @@ class Engine {
   void set_ownership();
   // The regions data parallel (and release_gradients' deferred lists) add to the layout.
   void parallel_memory();
+  // own_selected from `selected` (this rank's columns), then the device lists.
   void upload_selection(Matrix& m);
+  static void set_own_selected(Matrix& m);
   // Runs `checks` (argument checks, polling the host lane) and agrees with the other ranks on
   // whether any failed and whether all are in the same call: a local failure is rethrown,
   // another rank's raises naming it, and ranks in different calls all raise (nothing ran).
@@ -494,6 +502,11 @@ class Engine {
   // selection.cpp
   void select_columns();
   void exchange_columns(Matrix& m, const std::vector<int32_t>& new_selected);
+  // The host state's deferred columns that stay deferred from `old_own_selected` to
+  // m.own_selected, moved to their places in the new deferred layout (the columns that
+  // enter the selection were gathered from it first; those that leave it are scattered
+  // into it next).
+  void relayout_deferred(Matrix& m, const std::vector<int32_t>& old_own_selected);
   void rebuild_plans();
 
   zf_engine_config config_;

@@ -113,11 +113,14 @@ void Engine::parallel_memory() {
   exchange_offset_ = take(exchange_bytes_);
 }
 
-void Engine::upload_selection(Matrix& m) {
-  // The host's view of the selection (this rank's columns), then the device lists.
+void Engine::set_own_selected(Matrix& m) {
   m.own_selected.clear();
   for (int32_t j : m.selected)
     if (j >= m.own_lo && j < m.own_lo + m.own_cols) m.own_selected.push_back(static_cast<int32_t>(j - m.own_lo));
+}
+
+void Engine::upload_selection(Matrix& m) {
+  set_own_selected(m);
   upload(arena_.base() + m.dev_selected, m.selected.data(), m.selected.size() * 4);
   if (!parallel() && !releasing()) return;
   const auto cols = static_cast<size_t>(m.cols);

@@ -2,6 +2,7 @@
 // exchange -- only the columns whose status changes move, with their fp32 master, moments
 // and step count -- and the plans of the new selection.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "common/error.hpp"
@@ -50,20 +51,70 @@ struct ColumnList {
 };
 
 // The entries of an ascending column list that fall in [lo, lo + count): a contiguous run of
-// the list, from `first`, and those columns minus lo.
+// the list, from `first`, and where those columns are in the deferred host layout of a
+// selection whose own columns (minus lo) are `own_selected`: their local index minus the
+// selected columns before them. None of them may be in own_selected.
 struct OwnedRun {
   int64_t first = 0, count = 0;
-  std::vector<int32_t> local;
+  std::vector<int32_t> positions;
 };
 
-OwnedRun owned_run(const std::vector<int32_t>& columns, int64_t lo, int64_t count) {
+OwnedRun owned_run(const std::vector<int32_t>& columns, int64_t lo, int64_t count,
+                   const std::vector<int32_t>& own_selected) {
   OwnedRun run;
   const auto begin = std::lower_bound(columns.begin(), columns.end(), lo);
   const auto end = std::lower_bound(begin, columns.end(), lo + count);
   run.first = begin - columns.begin();
   run.count = end - begin;
-  for (auto it = begin; it != end; ++it) run.local.push_back(static_cast<int32_t>(*it - lo));
+  auto selected_before = own_selected.begin();
+  for (auto it = begin; it != end; ++it) {
+    const auto local = static_cast<int32_t>(*it - lo);
+    selected_before = std::lower_bound(selected_before, own_selected.end(), local);
+    run.positions.push_back(local - static_cast<int32_t>(selected_before - own_selected.begin()));
+  }
   return run;
+}
+
+// A stretch of consecutive columns that stay deferred across a selection: `count` columns
+// from position `from` of the old deferred layout to position `to` of the new one.
+struct DeferredMove {
+  int64_t from, to, count;
+};
+
+// The moves of the columns of [0, cols) in neither list (both ascending), longest stretches
+// first merged: left moves (to < from) in ascending order, then right moves in descending
+// order, so that no move overwrites a column not yet moved (a column's old place, if taken,
+// is taken by a column before it moving left or after it moving right). Unmoved ones are left
+// out.
+std::vector<DeferredMove> deferred_moves(int64_t cols, const std::vector<int32_t>& old_selected,
+                                         const std::vector<int32_t>& new_selected) {
+  std::vector<DeferredMove> left, right;
+  size_t in_old = 0, in_new = 0;
+  int64_t from = 0, to = 0;
+  DeferredMove run{0, 0, 0};
+  auto flush = [&] {
+    if (run.count > 0 && run.from != run.to) (run.to < run.from ? left : right).push_back(run);
+    run.count = 0;
+  };
+  for (int64_t j = 0; j < cols; ++j) {
+    const bool was_selected = in_old < old_selected.size() && old_selected[in_old] == j;
+    const bool is_selected = in_new < new_selected.size() && new_selected[in_new] == j;
+    in_old += was_selected;
+    in_new += is_selected;
+    if (!was_selected && !is_selected) {
+      if (run.count > 0 && run.from + run.count == from && run.to + run.count == to) {
+        ++run.count;
+      } else {
+        flush();
+        run = DeferredMove{from, to, 1};
+      }
+    }
+    from += !was_selected;
+    to += !is_selected;
+  }
+  flush();
+  left.insert(left.end(), right.rbegin(), right.rend());
+  return left;
 }
 
 }  // namespace
@@ -104,15 +155,18 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   const std::vector<int32_t> entering = difference(next, old), leaving = difference(old, next);
   const auto rows = m.rows, k_old = static_cast<int64_t>(old.size()), k_new = static_cast<int64_t>(next.size());
   const auto n_enter = static_cast<int64_t>(entering.size()), n_leave = static_cast<int64_t>(leaving.size());
+  // The host lane is idle (select_columns flushed) and no window is open: the accumulators
+  // hold nothing, so only the master, moments and counts move.
+  require(window_.steps() == 0, ZF_ERROR_INTERNAL, "selection: a window is open");
   // Entering columns: their host state, gathered into a list. Each rank holds the host state
   // of its own columns, a contiguous run of the list; data parallel, the list is then summed
   // over the ranks (every entry comes from one rank, zeros from the others).
   ColumnList enter_list(n_enter, rows), leave_list(n_leave, rows);
   zf_column_state enter_state = enter_list.state(n_enter, rows, m.has_master);
-  const OwnedRun enter_run = owned_run(entering, m.own_lo, m.own_cols);
+  const OwnedRun enter_run = owned_run(entering, m.own_lo, m.own_cols, m.own_selected);
   if (enter_run.count > 0) {
     const zf_column_state host = host_state(m, m.has_master);
-    const zf_tensor local_t = host_tensor(enter_run.local.data(), ZF_DTYPE_I32, {enter_run.count});
+    const zf_tensor local_t = host_tensor(enter_run.positions.data(), ZF_DTYPE_I32, {enter_run.count});
     zf_column_state run_state = enter_list.state_at(enter_run.first, enter_run.count, rows, m.has_master);
     check_call(zf_cpu_gather_columns(&host, &local_t, 1, &run_state), "selection: gather of entering columns");
   }
@@ -145,31 +199,53 @@ void Engine::exchange_columns(Matrix& m, const std::vector<int32_t>& next) {
   upload(arena_.base() + region, new_region.data(), m.compact_bytes);
   // Leaving columns: their state goes to the host. Without a device master the weights are
   // the master: W[:, leaving] in fp32 (a pack of everything but the leaving columns).
-  if (n_leave > 0) {
-    if (!m.has_master) {
-      std::vector<int32_t> all(static_cast<size_t>(m.cols));
-      std::iota(all.begin(), all.end(), 0);
-      const std::vector<int32_t> others = difference(all, leaving);
-      PackedLayout layout;
-      layout.add(rows, m.cols, static_cast<int64_t>(others.size()));
-      PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
-      std::vector<uint8_t> weights = download_param(m.param);
-      void* param = weights.empty() ? params_[m.param].tensor.data : weights.data();
-      const int32_t* selected = others.data();
-      plan.run(backend_->host_pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
-    }
-    // Every rank has the leaving columns (the device state is the same on all); each keeps
-    // its own.
-    const OwnedRun leave_run = owned_run(leaving, m.own_lo, m.own_cols);
-    if (leave_run.count > 0) {
-      const zf_column_state leave_part = leave_list.state_at(leave_run.first, leave_run.count, rows, true);
-      const zf_column_state host = host_state(m, true);
-      const zf_tensor local_t = host_tensor(leave_run.local.data(), ZF_DTYPE_I32, {leave_run.count});
-      check_call(zf_cpu_scatter_columns(&leave_part, &local_t, 1, &host), "selection: scatter of leaving columns");
-    }
+  if (n_leave > 0 && !m.has_master) {
+    std::vector<int32_t> all(static_cast<size_t>(m.cols));
+    std::iota(all.begin(), all.end(), 0);
+    const std::vector<int32_t> others = difference(all, leaving);
+    PackedLayout layout;
+    layout.add(rows, m.cols, static_cast<int64_t>(others.size()));
+    PackPlan plan(layout, {params_[m.param].tensor.dtype}, ZF_DTYPE_F32);
+    std::vector<uint8_t> weights = download_param(m.param);
+    void* param = weights.empty() ? params_[m.param].tensor.data : weights.data();
+    const int32_t* selected = others.data();
+    plan.run(backend_->host_pool(), &param, &selected, leave_list.master.data(), 1.0f, true);
   }
+  // The host's deferred layout follows the selection: the columns staying deferred move to
+  // their new places, then the leaving ones go into theirs.
+  const std::vector<int32_t> old_own_selected = m.own_selected;
   m.selected = next;
   upload_selection(m);
+  relayout_deferred(m, old_own_selected);
+  // Every rank has the leaving columns (the device state is the same on all); each keeps
+  // its own.
+  const OwnedRun leave_run = owned_run(leaving, m.own_lo, m.own_cols, m.own_selected);
+  if (leave_run.count > 0) {
+    const zf_column_state leave_part = leave_list.state_at(leave_run.first, leave_run.count, rows, true);
+    const zf_column_state host = host_state(m, true);
+    const zf_tensor local_t = host_tensor(leave_run.positions.data(), ZF_DTYPE_I32, {leave_run.count});
+    check_call(zf_cpu_scatter_columns(&leave_part, &local_t, 1, &host), "selection: scatter of leaving columns");
+  }
+}
+
+void Engine::relayout_deferred(Matrix& m, const std::vector<int32_t>& old_own_selected) {
+  const std::vector<DeferredMove> moves = deferred_moves(m.own_cols, old_own_selected, m.own_selected);
+  if (moves.empty()) return;
+  // One array per thread (the moves of one array depend on their order; the arrays do not on
+  // each other). The count of a column moves with it.
+  const auto rows = static_cast<size_t>(m.rows);
+  std::vector<float>* arrays[3] = {&m.master, &m.exp_avg, &m.exp_avg_sq};
+  backend_->host_pool().run([&](int index, int count) {
+    for (int a = index; a < 3; a += count) {
+      float* data = arrays[a]->data();
+      for (const DeferredMove& move : moves)
+        std::memmove(data + static_cast<size_t>(move.to) * rows, data + static_cast<size_t>(move.from) * rows,
+                     static_cast<size_t>(move.count) * rows * sizeof(float));
+    }
+  });
+  for (const DeferredMove& move : moves)
+    std::memmove(m.steps.data() + move.to, m.steps.data() + move.from,
+                 static_cast<size_t>(move.count) * sizeof(int32_t));
 }
 
 void Engine::rebuild_plans() {
@@ -202,7 +278,6 @@ void Engine::rebuild_plans() {
     PackedLayout layout, device_layout;
     std::vector<zf_dtype> dtypes;
     const size_t count = b.last - b.first;
-    b.selected_tensors.clear();
     b.selected_ptrs.clear();
     b.acc_tensors[0].clear();
     b.acc_tensors[1].clear();
@@ -211,9 +286,8 @@ void Engine::rebuild_plans() {
       const auto own_k = static_cast<int64_t>(m.own_selected.size());
       layout.add(m.rows, m.own_cols, own_k);
       dtypes.push_back(b.dtype);
-      b.selected_tensors.push_back(host_tensor(m.own_selected.data(), ZF_DTYPE_I32, {own_k}));
       for (int a = 0; a < 2; ++a)
-        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.own_cols, m.rows}));
+        b.acc_tensors[a].push_back(host_tensor(m.acc[a].data(), ZF_DTYPE_F32, {m.own_deferred(), m.rows}));
       // The device pack of this rank's deferred columns skips the selected ones (one engine)
       // or every column outside this rank's chunk (data parallel): the same packed layout.
       if (parallel()) {
@@ -238,11 +312,12 @@ void Engine::rebuild_plans() {
       zf_tensor grad = state.exp_avg;
       grad.data = m.acc[0].data();
       const zf_tensor out = host_tensor(upload_.data() + m.upload_offset, b.dtype, {placed.elements()});
-      m.update_plan.build(&state, &b.selected_tensors[i - b.first], 1, &grad, nullptr, &out);
-      m.fused_update_plan.build(&state, &b.selected_tensors[i - b.first], 1, nullptr, &out, &out);
+      // The deferred host layout is the packed layout's: no column to skip.
+      m.update_plan.build(&state, nullptr, 1, &grad, nullptr, &out);
+      m.fused_update_plan.build(&state, nullptr, 1, nullptr, &out, &out);
     }
     const zf_tensor packed = host_tensor(ring_.host_slot(0) + kSlotHeaderBytes, b.dtype, {layout.total()});
-    b.accumulate.build(b.acc_tensors[0].data(), b.selected_tensors.data(), count, &packed);
+    b.accumulate.build(b.acc_tensors[0].data(), nullptr, count, &packed);
     b.pack = std::make_unique<PackPlan>(std::move(device_layout), dtypes, b.dtype);
     b.matrix_tensors.assign(count, zf_tensor{});
     if (parallel() || releasing()) rebuild_selected_pack(b, dtypes);

@@ -505,7 +505,7 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
     for (size_t i = 0; i < count; ++i) {
       Matrix& m = matrices_[b.first + i];
       b.overwrite[i] = m.acc_fresh[acc];
-      const int64_t deferred = m.rows * (m.own_cols - static_cast<int64_t>(m.own_selected.size()));
+      const int64_t deferred = m.rows * m.own_deferred();
       if (deferred == 0) continue;
       m.acc_fresh[acc] = 0;
       read += deferred * static_cast<int64_t>(element) + (b.overwrite[i] ? 0 : 4 * deferred);
@@ -605,12 +605,12 @@ void Engine::run_step(const zf_tensor* grads, const double* lrs, bool stats_done
 
 template <class Visit>
 void Engine::for_each_host_column(Visit&& visit) {
-  // Matrix by matrix, column by column: a fixed order, so sums and rewrites do not depend on
-  // the thread count. Columns that never stepped have no moments to read.
+  // Matrix by matrix, deferred column by deferred column: a fixed order, so sums and rewrites
+  // do not depend on the thread count. Columns that never stepped have no moments to read.
   const double beta1 = hparams_.beta1, beta2 = hparams_.beta2;
   for (Matrix& m : matrices_) {
     if (m.exp_avg.empty()) continue;
-    for (int64_t j = 0; j < m.own_cols; ++j) {
+    for (int64_t j = 0; j < m.own_deferred(); ++j) {
       const int32_t steps = m.steps[static_cast<size_t>(j)];
       if (steps <= 0) continue;
       const double bc1 = 1.0 - adam_beta_power(beta1, steps), bc2 = 1.0 - adam_beta_power(beta2, steps);
@@ -650,9 +650,9 @@ void Engine::start_signal_sums(double* sums) {
 void Engine::moments_to_windows() {
   const int64_t span = config_.update_interval;
   if (config_.window_scaling == ZF_WINDOW_SCALING_NONE || span <= 1) return;
-  // v_hat <- m_hat^2 + max(0, v_hat - m_hat^2) / S per element, on every column the host
-  // holds (a selected column's host copy is not read while it is selected, and is rewritten
-  // when it leaves).
+  // v_hat <- m_hat^2 + max(0, v_hat - m_hat^2) / S per element, on the columns the host
+  // holds: the deferred ones (this runs after the window's selection; the selected columns'
+  // moments went to the device as they were).
   const double inverse_span = 1.0 / static_cast<double>(span);
   for_each_host_column([&](const float* avg, float* avg_sq, int64_t rows, double bc1, double bc2) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -1038,7 +1038,7 @@ void Engine::start_update(bool fused) {
       // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
       // master (when held), m, v read and written back but A; the upload copy written in
       // the weights' dtype; per column its step count.
-      const int64_t columns = m.own_cols - static_cast<int64_t>(m.own_selected.size());
+      const int64_t columns = m.own_deferred();
       const int64_t deferred = m.rows * columns;
       const int64_t fields = state.master.data != nullptr ? 3 : 2;
       int64_t gradient_read = 4 * deferred;
