@@ -1080,13 +1080,24 @@ TEST(CpuAdamwPlans, BuiltOnceRunManyTimesMatchesEntryPoints) {
     }
     const std::shared_ptr<zf::ThreadPool> global_pool = zf::global_thread_pool();
     zf::ThreadPool& pool = round == 1 ? own_pool : *global_pool;
-    accumulate_plan.run(pool, plan_acc_tensors.data(), packed.data(), 0.25f);
+    // Round 2 runs as parts of a pass past the streaming threshold (the engine's bucket by
+    // bucket, matrix by matrix passes): the same bits through the non-temporal stores, with
+    // the accumulate overwriting (a window's first), as adding into zeros does (the selected
+    // columns, which neither touches, zeroed on both sides).
+    const int64_t pass_elements = round == 2 ? int64_t{1} << 30 : 0;
+    const std::vector<uint8_t> overwrite(count, round == 2 ? 1 : 0);
+    if (round == 2) {
+      for (auto& acc : entry_acc) std::fill(acc.begin(), acc.end(), 0.0f);
+      for (auto& acc : plan_acc) std::fill(acc.begin(), acc.end(), 0.0f);
+    }
+    accumulate_plan.run(pool, plan_acc_tensors.data(), packed.data(), 0.25f, overwrite.data(), pass_elements);
     zenflow::cpu_accumulate(entry_acc_tensors, selected, entry_packed.tensor(), 0.25f);
     for (size_t i = 0; i < count; ++i) ASSERT_TRUE(same_bits(plan_acc[i], entry_acc[i])) << "round " << round;
 
     const uint32_t flags = ZF_CPU_ADAMW_ZERO_GRAD | ZF_CPU_ADAMW_INCREMENT_STEPS;
-    step_plan.run(pool, zf::ColumnStepPointers{plan_states.data(), nullptr, packed.data(), plan_out.data()},
-                  zf::AdamRunValues{lr.data(), weight_decay.data(), h, 0.5f, flags});
+    zf::AdamRunValues values{lr.data(), weight_decay.data(), h, 0.5f, flags};
+    values.pass_elements = pass_elements;
+    step_plan.run(pool, zf::ColumnStepPointers{plan_states.data(), nullptr, packed.data(), plan_out.data()}, values);
     const zf_tensor entry_packed_tensor = entry_packed.tensor(), entry_out_tensor = entry_out.tensor();
     zenflow::cpu_adamw_step_skip_columns(entry_states, selected, {}, &entry_packed_tensor, &entry_out_tensor, lr,
                                          weight_decay, h, 0.5f, flags);

@@ -633,6 +633,9 @@ class Engine {
   double last_norm_ = 0.0, stall_close_ = 0.0, stall_back_pressure_ = 0.0, stall_flush_ = 0.0, stall_readback_ = 0.0;
   // The host lane's traffic (zf_engine_stats): added by its jobs, read by stats().
   std::atomic<int64_t> host_bytes_read_{0}, host_bytes_written_{0};
+  // This rank's deferred elements (rebuild_plans): the size of the host lane's passes, which
+  // run bucket by bucket and matrix by matrix, for their choice of stores (pass_elements).
+  int64_t host_deferred_elements_ = 0;
 };
 
 }  // namespace zf

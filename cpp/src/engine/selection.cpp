@@ -272,6 +272,8 @@ void Engine::rebuild_plans() {
     device_plan_params_.push_back(i);
   }
   device_plan_ = std::make_unique<AdamwSelectedPlan>(std::move(device), hparams_);
+  host_deferred_elements_ = 0;
+  for (const Matrix& m : matrices_) host_deferred_elements_ += m.rows * m.own_deferred();
   for (Bucket& b : buckets_) {
     // The host side sees this rank's columns as the matrix (all of them on one engine): the
     // accumulators, the host update and the staging slot's layout.

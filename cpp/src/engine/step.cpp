@@ -491,7 +491,8 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
   uint8_t* host_slot = ring_.host_slot(slot);
   const int acc = window_.filling();
   Backend* backend = backend_.get();
-  return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied](ThreadPool& pool) {
+  const int64_t pass_elements = host_deferred_elements_;
+  return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied, pass_elements](ThreadPool& pool) {
     backend->host_wait(copied);
     SlotHeader h;
     std::memcpy(&h, host_slot, sizeof(h));
@@ -511,7 +512,8 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
       read += deferred * static_cast<int64_t>(element) + (b.overwrite[i] ? 0 : 4 * deferred);
       written += 4 * deferred;
     }
-    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale, b.overwrite.data());
+    b.accumulate.run(pool, b.acc_tensors[acc].data(), host_slot + kSlotHeaderBytes, h.grad_scale, b.overwrite.data(),
+                     pass_elements);
     host_bytes_read_.fetch_add(read, std::memory_order_relaxed);
     host_bytes_written_.fetch_add(written, std::memory_order_relaxed);
   });
@@ -1029,12 +1031,14 @@ void Engine::start_update(bool fused) {
     const zf_dtype out_dtype = buckets_[m.bucket].dtype;
     Backend* backend = backend_.get();
     const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
+    const int64_t pass_elements = host_deferred_elements_;
     chunks.push_back([this, &m, acc, scale, lr, wd, span, out, out_dtype, hparams, backend, uploaded, header,
-                      header_copied](ThreadPool& pool) {
+                      header_copied, pass_elements](ThreadPool& pool) {
       backend->host_wait(uploaded);
       const zf_column_state state = host_state(m, true);
       AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS};
       values.step_span = span;
+      values.pass_elements = pass_elements;
       // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
       // master (when held), m, v read and written back but A; the upload copy written in
       // the weights' dtype; per column its step count.

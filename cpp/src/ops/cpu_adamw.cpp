@@ -20,9 +20,13 @@
 namespace zf {
 namespace {
 
-// From this many elements on, a bf16/f16 output copy is written with non-temporal stores:
-// it no longer fits in cache, and is next read by the upload, not by this core. A window's
-// first accumulate (write-only) streams its accumulators from the same size on.
+// From this many elements of a pass on, a bf16/f16 output copy is written with non-temporal
+// stores: it no longer fits in cache, and is next read by the upload, not by this core. A
+// window's first accumulate (write-only) streams its accumulators from the same size on.
+// Decided by the whole pass (AdamRunValues::pass_elements): the engine's window update runs
+// matrix by matrix, and with the decision per matrix the upload copy of matrices under 4M
+// deferred elements took normal stores (a read for ownership of every line), 5-10% of the
+// update's time at 40 x [1024, 2048].
 constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 
 // What every piece of a step over `elements` elements shares, decided once per run: whether
@@ -30,7 +34,7 @@ constexpr int64_t kStreamOutMinElements = int64_t{1} << 22;
 simd::AdamStepArgs shared_step_args(int64_t elements, const AdamRunValues& values) {
   simd::AdamStepArgs args{};
   args.zero_grad = (values.flags & ZF_CPU_ADAMW_ZERO_GRAD) != 0;
-  args.stream_out = elements >= kStreamOutMinElements;
+  args.stream_out = std::max(elements, values.pass_elements) >= kStreamOutMinElements;
   args.grad_scale = values.grad_scale;
   return args;
 }
@@ -501,12 +505,12 @@ void AccumulatePlan::build(const zf_tensor* accumulators, const zf_tensor* selec
 }
 
 void AccumulatePlan::run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale,
-                         const uint8_t* overwrite) const {
+                         const uint8_t* overwrite, int64_t pass_elements) const {
   const simd::KernelTable& kernels = simd::active_kernels();
   // A window's first accumulate writes its accumulators without reading them; in a large
   // call they no longer fit in cache and are read next a step later: written with
   // non-temporal stores, as the step's output copy is (the same threshold).
-  const bool stream = layout_.total() >= kStreamOutMinElements;
+  const bool stream = std::max(layout_.total(), pass_elements) >= kStreamOutMinElements;
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const bool fresh = overwrite != nullptr && overwrite[piece.matrix] != 0;
     kernels.accumulate(static_cast<float*>(accumulators[piece.matrix].data) + piece.state_offset + offset,

@@ -154,6 +154,10 @@ struct AdamRunValues {
   // The training steps the update stands for (AdamHyperParams::span; column step only, with
   // ZF_CPU_ADAMW_INCREMENT_STEPS, which then advances each count by it).
   int32_t step_span = 1;
+  // The elements of the whole pass this run is one part of (the engine's window update runs
+  // one per matrix), or 0 for this run's own: whether a 16-bit output copy bypasses the
+  // cache depends on the pass, not on the part.
+  int64_t pass_elements = 0;
 };
 
 // ---- zf_cpu_adamw_step: whole tensors ----
@@ -308,8 +312,9 @@ class AccumulatePlan {
   // built shapes (only their `data` is read), a packed buffer of the built dtype and size,
   // a finite scale and no overlap. overwrite (nullptr: none): per matrix, nonzero where
   // its accumulator is to be written as if it were zero, not read (a window's first step).
+  // pass_elements: as AdamRunValues::pass_elements (the engine accumulates bucket by bucket).
   void run(ThreadPool& pool, const zf_tensor* accumulators, const void* packed, float scale,
-           const uint8_t* overwrite = nullptr) const;
+           const uint8_t* overwrite = nullptr, int64_t pass_elements = 0) const;
 
  private:
   PackedLayout layout_;
