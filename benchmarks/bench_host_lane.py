@@ -219,6 +219,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--intervals", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument(
         "--settle",
         type=float,
@@ -238,7 +239,7 @@ def main() -> None:
 
     elements = args.matrices * args.rows * args.cols
     rows = []
-    for name in DTYPES:
+    for name in args.dtypes:
         for interval in args.intervals:
             result = run(name, interval, args, 0.0)
             idle = run(name, interval, args, args.settle)

@@ -263,10 +263,6 @@ class Engine {
     float energy[2] = {0.0f, 0.0f};   // auto interval: selected, deferred column-norm sums this window
     size_t bucket = 0;
     size_t upload_offset = 0;  // bytes into U (this matrix's packed columns, param dtype)
-    ColumnStepPlan update_plan;
-    // The window update with its last accumulate fused in: the packed gradient read from U,
-    // where the closing step's pack left it, and the result written back over it.
-    ColumnStepPlan fused_update_plan;
     // The columns this rank owns, [own_lo, own_lo + own_cols): all of them on one engine. The
     // host state covers only them; own_selected are the selected ones among them, minus
     // own_lo, and the host state holds the others (own_deferred() columns).
@@ -281,6 +277,22 @@ class Engine {
     // (pack.h's layout), inside its bucket's compact region.
     size_t dev_compact_grad = 0;
   };
+  // Consecutive matrices of a bucket whose window update runs as one chunk of the host lane
+  // (one region of its pool): at least kUpdateChunkElements deferred elements, or the rest of
+  // the bucket. Built by rebuild_plans.
+  struct UpdateGroup {
+    std::vector<size_t> matrices;         // into matrices_, each with deferred columns
+    std::vector<zf_column_state> states;  // their host states (host_state)
+    size_t upload_offset = 0;             // bytes into U of the first one
+    ColumnStepPlan update_plan;           // from the accumulators A
+    // The window update with its last accumulate fused in: the packed gradient read from U,
+    // where the closing step's pack left it, and the result written back over it.
+    ColumnStepPlan fused_update_plan;
+  };
+  // A chunk's size: the high-priority accumulates of the next steps wait for at most one
+  // (about 10 ms at 50 GB/s), and a chunk per matrix cost the update its regions' start and
+  // end (wake-ups, the slower thread's tail) 40 times a window at 40 x [1024, 2048].
+  static constexpr int64_t kUpdateChunkElements = int64_t{1} << 24;
   struct Dense {
     size_t param;
     bool has_master;
@@ -314,6 +326,7 @@ class Engine {
     size_t compact_grad_offset = 0;             // release_gradients: its matrices' compact gradients (device)
     size_t gradient_bytes = 0;                  // its matrices' whole gradients, in bytes
     std::vector<zf_tensor> acc_tensors[2];      // host, deferred layout
+    std::vector<UpdateGroup> update_groups;     // the window update's chunks
     std::vector<zf_tensor> matrix_tensors;      // per step: gradients or parameters
     std::vector<const int32_t*> selected_ptrs;  // device: what `pack` skips
     // The bucket's selected columns (selected_pack, skipping the deferred ones: data

@@ -305,18 +305,38 @@ void Engine::rebuild_plans() {
     }
     const size_t element = zf_dtype_size(b.dtype);
     b.packed_bytes = static_cast<size_t>(layout.total()) * element;
+    b.update_groups.clear();
+    int64_t group_elements = 0;
     for (size_t i = b.first; i < b.last; ++i) {
       Matrix& m = matrices_[i];
       const PackedMatrix& placed = layout[i - b.first];
       m.upload_offset = b.upload_offset + static_cast<size_t>(placed.offset) * element;
       if (placed.unselected() == 0) continue;
-      const zf_column_state state = host_state(m, true);
-      zf_tensor grad = state.exp_avg;
-      grad.data = m.acc[0].data();
-      const zf_tensor out = host_tensor(upload_.data() + m.upload_offset, b.dtype, {placed.elements()});
-      // The deferred host layout is the packed layout's: no column to skip.
-      m.update_plan.build(&state, nullptr, 1, &grad, nullptr, &out);
-      m.fused_update_plan.build(&state, nullptr, 1, nullptr, &out, &out);
+      if (b.update_groups.empty() || group_elements >= kUpdateChunkElements) {
+        b.update_groups.emplace_back();
+        b.update_groups.back().upload_offset = m.upload_offset;
+        group_elements = 0;
+      }
+      UpdateGroup& group = b.update_groups.back();
+      group.matrices.push_back(i);
+      group.states.push_back(host_state(m, true));
+      group_elements += placed.elements();
+    }
+    for (UpdateGroup& group : b.update_groups) {
+      // The deferred host layout is the packed layout's: no column to skip, and the group's
+      // matrices are consecutive in U.
+      std::vector<zf_tensor> grads;
+      int64_t elements = 0;
+      for (size_t g = 0; g < group.matrices.size(); ++g) {
+        zf_tensor grad = group.states[g].exp_avg;
+        grad.data = matrices_[group.matrices[g]].acc[0].data();
+        grads.push_back(grad);
+        elements += numel(grad);
+      }
+      const zf_tensor out = host_tensor(upload_.data() + group.upload_offset, b.dtype, {elements});
+      const size_t count = group.matrices.size();
+      group.update_plan.build(group.states.data(), nullptr, count, grads.data(), nullptr, &out);
+      group.fused_update_plan.build(group.states.data(), nullptr, count, nullptr, &out, &out);
     }
     const zf_tensor packed = host_tensor(ring_.host_slot(0) + kSlotHeaderBytes, b.dtype, {layout.total()});
     b.accumulate.build(b.acc_tensors[0].data(), nullptr, count, &packed);

@@ -1003,11 +1003,12 @@ void Engine::wait_all_slots(double* stall) {
 // ---- windows ----
 
 void Engine::start_update(bool fused) {
-  // The host AdamW of the deferred columns on A / steps_accumulated, one chunk per matrix,
-  // writing the upload copy U. A is not zeroed: the window's first accumulate overwrites it
-  // (acc_fresh), which saves a write per element here and a read there. Fused, the closing
-  // step's packed gradient is in U: the update adds it to A (or to zeros, in a window whose
-  // A holds nothing) as that step's accumulate would have, in registers.
+  // The host AdamW of the deferred columns on A / steps_accumulated, one chunk per update
+  // group (consecutive matrices of a bucket), writing the upload copy U. A is not zeroed: the
+  // window's first accumulate overwrites it (acc_fresh), which saves a write per element
+  // here and a read there. Fused, the closing step's packed gradient is in U: the update adds
+  // it to A (or to zeros, in a window whose A holds nothing) as that step's accumulate would
+  // have, in registers.
   std::vector<WorkQueue::Chunk> chunks;
   // Fused, this is the copy the closing step was packed into: nothing between the packs and
   // here writes a result (a selection's flush lands its own before them).
@@ -1017,61 +1018,72 @@ void Engine::start_update(bool fused) {
   const int acc = window_.filling();
   const float scale = 1.0f / static_cast<float>(window_.steps());
   bool any_deferred = false;
+  for (const Matrix& m : matrices_) any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
   const zf_adam_hparams hparams = window_.hparams();
-  for (Matrix& m : matrices_) {
-    any_deferred = any_deferred || m.selected.size() < static_cast<size_t>(m.cols);
-    if (m.own_selected.size() == static_cast<size_t>(m.own_cols)) continue;
-    const size_t group = static_cast<size_t>(params_[m.param].group);
-    const WindowStepValues step_values = window_step_values(config_.window_scaling, window_.steps(), window_.lr(group),
-                                                            window_.weight_decay(group), hparams.mode);
-    const double lr = step_values.lr;
-    const double wd = step_values.weight_decay;
-    const int32_t span = step_values.span;
-    uint8_t* out = upload_copy(buffer) + m.upload_offset;
-    const zf_dtype out_dtype = buckets_[m.bucket].dtype;
-    Backend* backend = backend_.get();
-    const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
-    const int64_t pass_elements = host_deferred_elements_;
-    chunks.push_back([this, &m, acc, scale, lr, wd, span, out, out_dtype, hparams, backend, uploaded, header,
-                      header_copied, pass_elements](ThreadPool& pool) {
-      backend->host_wait(uploaded);
-      const zf_column_state state = host_state(m, true);
-      AdamRunValues values{&lr, &wd, hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS};
-      values.step_span = span;
-      values.pass_elements = pass_elements;
-      // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
-      // master (when held), m, v read and written back but A; the upload copy written in
-      // the weights' dtype; per column its step count.
-      const int64_t columns = m.own_deferred();
-      const int64_t deferred = m.rows * columns;
-      const int64_t fields = state.master.data != nullptr ? 3 : 2;
-      int64_t gradient_read = 4 * deferred;
-      SlotHeader h{};
-      if (header != nullptr) {
-        backend->host_wait(header_copied);
-        std::memcpy(&h, header, sizeof(h));
+  Backend* backend = backend_.get();
+  const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
+  const int64_t pass_elements = host_deferred_elements_;
+  for (Bucket& b : buckets_) {
+    const zf_dtype out_dtype = b.dtype;
+    for (UpdateGroup& update : b.update_groups) {
+      // Per matrix, its parameter group's values; the span is the window's, the same for all.
+      std::vector<double> lrs, wds;
+      int32_t span = 1;
+      for (const size_t i : update.matrices) {
+        const size_t group = static_cast<size_t>(params_[matrices_[i].param].group);
+        const WindowStepValues step_values = window_step_values(
+            config_.window_scaling, window_.steps(), window_.lr(group), window_.weight_decay(group), hparams.mode);
+        lrs.push_back(step_values.lr);
+        wds.push_back(step_values.weight_decay);
+        span = step_values.span;
       }
-      if (header != nullptr && !h.skip) {
-        const float* accumulator = m.acc_fresh[acc] ? nullptr : m.acc[acc].data();
-        ColumnStepPointers pointers{&state, nullptr, out, out};
-        pointers.fuse_accumulate = true;
-        pointers.accumulators = &accumulator;
-        values.accumulate_scale = h.grad_scale;
-        m.fused_update_plan.run(pool, pointers, values);
-        gradient_read =
-            deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + (accumulator != nullptr ? 4 * deferred : 0);
-      } else {
-        zf_tensor grad = state.exp_avg;
-        grad.data = m.acc[acc].data();
-        ColumnStepPointers pointers{&state, &grad, nullptr, out};
-        m.update_plan.run(pool, pointers, values);
-      }
-      m.acc_fresh[acc] = 1;
-      host_bytes_read_.fetch_add(gradient_read + 4 * deferred * fields + 4 * columns, std::memory_order_relaxed);
-      host_bytes_written_.fetch_add(
-          4 * deferred * fields + deferred * static_cast<int64_t>(zf_dtype_size(out_dtype)) + 4 * columns,
-          std::memory_order_relaxed);
-    });
+      uint8_t* out = upload_copy(buffer) + update.upload_offset;
+      chunks.push_back([this, &update, acc, scale, lrs = std::move(lrs), wds = std::move(wds), span, out, out_dtype,
+                        hparams, backend, uploaded, header, header_copied, pass_elements](ThreadPool& pool) {
+        backend->host_wait(uploaded);
+        AdamRunValues values{lrs.data(), wds.data(), hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS};
+        values.step_span = span;
+        values.pass_elements = pass_elements;
+        SlotHeader h{};
+        if (header != nullptr) {
+          backend->host_wait(header_copied);
+          std::memcpy(&h, header, sizeof(h));
+        }
+        const bool fuse = header != nullptr && !h.skip;
+        const size_t count = update.matrices.size();
+        std::vector<const float*> accumulators(count);
+        std::vector<zf_tensor> grads(count);
+        // Per deferred element: A (or, fused, the packed gradient and A unless fresh),
+        // master, m, v read and written back but A; the upload copy written in the weights'
+        // dtype; per column its step count.
+        int64_t read = 0, written = 0;
+        const auto out_bytes = static_cast<int64_t>(zf_dtype_size(out_dtype));
+        for (size_t g = 0; g < count; ++g) {
+          Matrix& m = matrices_[update.matrices[g]];
+          const int64_t columns = m.own_deferred();
+          const int64_t deferred = m.rows * columns;
+          accumulators[g] = m.acc_fresh[acc] ? nullptr : m.acc[acc].data();
+          grads[g] = update.states[g].exp_avg;
+          grads[g].data = m.acc[acc].data();
+          const int64_t gradient_read =
+              fuse ? deferred * out_bytes + (accumulators[g] != nullptr ? 4 * deferred : 0) : 4 * deferred;
+          read += gradient_read + 4 * deferred * 3 + 4 * columns;
+          written += 4 * deferred * 3 + deferred * out_bytes + 4 * columns;
+        }
+        if (fuse) {
+          ColumnStepPointers pointers{update.states.data(), nullptr, out, out};
+          pointers.fuse_accumulate = true;
+          pointers.accumulators = accumulators.data();
+          values.accumulate_scale = h.grad_scale;
+          update.fused_update_plan.run(pool, pointers, values);
+        } else {
+          update.update_plan.run(pool, ColumnStepPointers{update.states.data(), grads.data(), nullptr, out}, values);
+        }
+        for (const size_t i : update.matrices) matrices_[i].acc_fresh[acc] = 1;
+        host_bytes_read_.fetch_add(read, std::memory_order_relaxed);
+        host_bytes_written_.fetch_add(written, std::memory_order_relaxed);
+      });
+    }
   }
   // Data parallel: a rank with no deferred column of its own still joins the all-gathers.
   const bool pending = parallel() ? any_deferred : !chunks.empty();
