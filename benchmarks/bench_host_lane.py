@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -186,6 +187,14 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
             accumulate_gbs = accumulate_bytes * deferred / w_["accumulate_seconds"] / 1e9
             per_window["accumulate"].append(accumulate_gbs / w_["roof"]["accumulate"])
     return {
+        "per_window": [
+            {
+                "roof_gbs": w_["roof"]["window"],
+                "of_roof": per_window["window"][i],
+                "update_of_roof": per_window["update"][i],
+            }
+            for i, w_ in enumerate(windows)
+        ],
         "of_roof": {key: (statistics.median(v) if v else None) for key, v in per_window.items()},
         "roof_gbs": {
             key: (
@@ -235,6 +244,13 @@ def main() -> None:
         "accumulates' time (on a GPU the packing is the GPU's)",
     )
     parser.add_argument("--write", type=Path, default=None, help="save the markdown table here")
+    parser.add_argument(
+        "--per-window",
+        type=Path,
+        default=None,
+        help="save every device-side-idle window (its shape roof in GB/s, the window's and the "
+        "update's fractions of their roofs) here, as JSON: the memory's state per window",
+    )
     args = parser.parse_args()
 
     elements = args.matrices * args.rows * args.cols
@@ -298,6 +314,13 @@ def main() -> None:
     print(text)
     if args.write:
         args.write.write_text(text)
+    if args.per_window:
+        windows = [
+            {"dtype": name, "interval": interval, **window}
+            for name, interval, _, idle, _ in rows
+            for window in idle["per_window"]
+        ]
+        args.per_window.write_text(json.dumps(windows, indent=1) + "\n")
     # The engine's count must be the formula's, exactly (the CI smoke run checks it too).
     wrong = [
         f"{name} S={interval}: counted {result['counted']} B, formula {result['formula']} B"
