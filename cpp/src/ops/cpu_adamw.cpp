@@ -446,7 +446,7 @@ void ColumnStepPlan::run(ThreadPool& pool, const ColumnStepPointers& pointers, c
   // A fused step reading its gradient from the output copy itself has just brought each of
   // the copy's lines into the cache: a non-temporal store would evict them again. Measured
   // (40 x [1024, 2048], bf16, the engine's fused window close): the update at 68-83% of its
-  // roof with them, 89-96% without.
+  // roof with them, 87-99% without (the slow memory state of a 2-core Zen 4 VM).
   if (pointers.packed_out != nullptr && pointers.packed_out == pointers.packed_grads) shared.stream_out = false;
   pieces_.run(pool, [&](const Piece& piece, int64_t offset, int64_t length) {
     const size_t i = piece.matrix;
