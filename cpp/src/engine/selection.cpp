@@ -81,11 +81,12 @@ struct DeferredMove {
   int64_t from, to, count;
 };
 
-// The moves of the columns of [0, cols) in neither list (both ascending), longest stretches
-// first merged: left moves (to < from) in ascending order, then right moves in descending
-// order, so that no move overwrites a column not yet moved (a column's old place, if taken,
-// is taken by a column before it moving left or after it moving right). Unmoved ones are left
-// out.
+// The moves of the columns of [0, cols) in neither list (both ascending), in maximal stretches
+// of one shift: left moves (to < from) in ascending order, then right moves in descending
+// order. No move then overwrites a column not yet moved: the old occupant of a left move's
+// destination is an entering column or an earlier column moving left; of a right move's, an
+// entering column, a place already vacated, or a later column moving right. Columns that stay
+// in place are left out.
 std::vector<DeferredMove> deferred_moves(int64_t cols, const std::vector<int32_t>& old_selected,
                                          const std::vector<int32_t>& new_selected) {
   std::vector<DeferredMove> left, right;
