@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/float_convert.hpp"
@@ -16,6 +17,22 @@ namespace zf {
 namespace {
 
 const char* kind_name(zf_engine_state_kind kind) { return zf_engine_state_kind_name(kind); }
+
+// Calls visit(local, position) for each of a rank's `own_cols` columns not in `own_selected`
+// (ascending, local indices), in order: its local index and its place in the deferred host
+// layout.
+template <class Visit>
+void for_each_deferred_column(int64_t own_cols, const std::vector<int32_t>& own_selected, const Visit& visit) {
+  size_t next_selected = 0;
+  int64_t position = 0;
+  for (int64_t local = 0; local < own_cols; ++local) {
+    if (next_selected < own_selected.size() && own_selected[next_selected] == local) {
+      ++next_selected;
+      continue;
+    }
+    visit(local, position++);
+  }
+}
 
 zf_engine_state_entry entry(size_t param, zf_engine_state_kind kind, zf_dtype dtype, int32_t ndim,
                             const int64_t* shape) {
@@ -155,14 +172,10 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     if (parallel()) {  // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }
-    size_t next_selected = 0;
-    int64_t position = 0;                // in the deferred host layout [own_deferred, rows]
-    for (int64_t j = lo; j < hi; ++j) {  // -> [rows, cols]
-      const int64_t local = j - lo;
-      if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
-        ++next_selected;  // written from the compact state below
-        continue;
-      }
+    // The deferred host layout [own_deferred, rows] -> [rows, cols]; the selected columns are
+    // written from the compact state below.
+    for_each_deferred_column(m.own_cols, m.own_selected, [&](int64_t local, int64_t position) {
+      const int64_t j = lo + local;
       for (int64_t r = 0; r < rows; ++r) {
         master[r * cols + j] = m.master[position * rows + r];
         exp_avg[r * cols + j] = m.exp_avg[position * rows + r];
@@ -170,8 +183,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
         accumulator[r * cols + j] = holds_window ? acc[position * rows + r] : 0.0f;
       }
       steps[j] = m.steps[position];
-      ++position;
-    }
+    });
     for (int64_t c = 0; c < k; ++c) {  // the selected columns live in the compact state [rows, k]
       const int64_t j = m.selected[c];
       if (j < lo || j >= hi) continue;
@@ -348,14 +360,8 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
     // This rank's deferred columns, with the open window's sums, into the deferred host layout.
     set_own_selected(m);
     const auto* accumulator = static_cast<const float*>(buffers[e + 7].data);
-    size_t next_selected = 0;
-    int64_t position = 0;
-    for (int64_t j = m.own_lo; j < m.own_lo + m.own_cols; ++j) {
-      const int64_t local = j - m.own_lo;
-      if (next_selected < m.own_selected.size() && m.own_selected[next_selected] == local) {
-        ++next_selected;
-        continue;
-      }
+    for_each_deferred_column(m.own_cols, m.own_selected, [&](int64_t local, int64_t position) {
+      const int64_t j = m.own_lo + local;
       for (int64_t r = 0; r < rows; ++r) {
         m.master[position * rows + r] = master[r * cols + j];
         m.exp_avg[position * rows + r] = exp_avg[r * cols + j];
@@ -363,8 +369,7 @@ void Engine::apply_load(const zf_tensor* buffers, const int64_t* counters, doubl
         m.acc[0][position * rows + r] = accumulator[r * cols + j];
       }
       m.steps[position] = steps[j];
-      ++position;
-    }
+    });
     std::fill(m.acc[1].begin(), m.acc[1].end(), 0.0f);
     std::copy_n(static_cast<const float*>(buffers[e + 5].data), 2 * cols, m.window_score.begin());
     std::copy_n(static_cast<const float*>(buffers[e + 6].data), 2, m.energy);
