@@ -6,7 +6,9 @@
 #include <cstring>
 #include <tuple>
 
+#include "common/aligned_vector.hpp"
 #include "engine/schedule.hpp"
+#include "engine/testing.hpp"
 #include "test_engine_util.hpp"
 
 namespace {
@@ -554,6 +556,42 @@ TEST(EngineMemory, AttachedDeviceMemoryIsUsed) {
     own.step(tensors_of(g2));
   }
   for (size_t i = 0; i < model.params.size(); ++i) EXPECT_TRUE(model.params[i].bitwise_equal(other.params[i]));
+}
+
+// The host lane streams the engine's host state against the staging slots and the upload
+// copies, which start on a cache line; a state array 16 bytes off one (what malloc gives a
+// large block) split every vector access across two lines and cost the window's first
+// accumulate and its update 17 to 38 points of their streaming roof
+// (benchmarks/results/2026-12-07-host-lane-fast-state.md).
+TEST(EngineMemory, EveryHostArrayTheLaneStreamsStartsOnACacheLine) {
+  for (size_t count : {size_t{1}, size_t{3}, size_t{77}, size_t{1000}, size_t{1} << 20}) {
+    zf::CacheLineVector<float> v(count, 1.0f);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % zf::kCacheLineBytes, 0u) << count;
+    v.resize(count * 3 + 5);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % zf::kCacheLineBytes, 0u) << count;
+  }
+  for (const bool overlap : {false, true}) {
+    Model model = standard_model(ZF_DTYPE_BF16);
+    zf_engine_config config = test_config();
+    config.topk_ratio = 0.3;
+    config.update_interval = 2;
+    config.select_strategy = ZF_SELECT_STEP;
+    config.select_interval = 4;
+    config.overlap_step = overlap;
+    zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, config);
+    for (int64_t t = 1; t <= 7; ++t) {
+      std::vector<HostTensor> grads = make_grads(model, t, true);
+      engine.step(tensors_of(grads));
+      if (t == 4) {
+        zenflow::EngineState state = engine.save_state();
+        engine.load_state(state);
+      }
+      const std::vector<const void*> bases = zf::testing::host_stream_bases(engine.get());
+      ASSERT_GT(bases.size(), 5u);
+      for (size_t i = 0; i < bases.size(); ++i)
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(bases[i]) % zf::kCacheLineBytes, 0u) << "array " << i << ", step " << t;
+    }
+  }
 }
 
 }  // namespace

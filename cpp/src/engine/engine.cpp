@@ -371,8 +371,8 @@ void Engine::setup_buckets_and_memory() {
 
 void Engine::release_host_memory() {
   for (Matrix& m : matrices_) {
-    for (std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
-      std::vector<float>().swap(*v);
+    for (CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+      CacheLineVector<float>().swap(*v);
     std::vector<int32_t>().swap(m.steps);
   }
   ring_.release();

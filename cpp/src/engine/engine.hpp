@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned_vector.hpp"
 #include "common/thread_pool.hpp"
 #include "engine/backend.hpp"
 #include "engine/device_arena.hpp"
@@ -203,6 +204,10 @@ class Engine {
   void set_fuse_window_close_for_testing(bool fuse) { fuse_window_close_ = fuse; }
   // Testing: the capacity of the host state and the pinned buffers, in bytes.
   size_t host_memory_capacity() const;
+  // Testing: where every host array the host lane streams starts (each matrix's master,
+  // moments and accumulators, each staging slot's packed columns, each upload copy), once
+  // the host memory exists.
+  std::vector<const void*> host_stream_bases_for_testing() const;
   // Testing: the buckets as [first matrix, last matrix), dtype, bytes with nothing selected.
   struct BucketSpan {
     size_t first, last;
@@ -250,7 +255,8 @@ class Engine {
     // packed gradient and the upload copy, so that the window's passes stream every array
     // with no gaps. Allocated for all [own_cols, rows]; a selection moves the columns that
     // stay deferred to their new places (relayout_deferred).
-    std::vector<float> master, exp_avg, exp_avg_sq, acc[2];
+    // Each array starts on a cache line, as the staging slots and the upload copies do.
+    CacheLineVector<float> master, exp_avg, exp_avg_sq, acc[2];
     // Per accumulator: 1 while it holds nothing of an open window (the next accumulate
     // writes it instead of adding; the update that consumes it does not zero it). Touched
     // by the host lane's jobs only (one thread), and by the training thread only while the

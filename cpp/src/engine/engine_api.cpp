@@ -325,6 +325,15 @@ size_t host_memory_capacity(const zf_engine* engine) {
   return bytes;
 }
 
+std::vector<const void*> host_stream_bases(const zf_engine* engine) {
+  std::vector<const void*> bases;
+  for (size_t d = 0; d < engine->engine.device_count(); ++d) {
+    const std::vector<const void*> device = engine->engine.engine(d).host_stream_bases_for_testing();
+    bases.insert(bases.end(), device.begin(), device.end());
+  }
+  return bases;
+}
+
 void synchronize_backend(zf_engine* engine) {
   for (size_t d = 0; d < engine->engine.device_count(); ++d) engine->engine.engine(d).synchronize_backend();
 }

@@ -47,11 +47,22 @@ zf_engine_stats Engine::stats() const {
 size_t Engine::host_memory_capacity() const {
   size_t bytes = ring_.pinned_capacity() + upload_.size() + scalar_readback_.host_capacity();
   for (const Matrix& m : matrices_) {
-    for (const std::vector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+    for (const CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
       bytes += v->capacity() * sizeof(float);
     bytes += m.steps.capacity() * sizeof(int32_t);
   }
   return bytes;
+}
+
+std::vector<const void*> Engine::host_stream_bases_for_testing() const {
+  std::vector<const void*> bases;
+  for (const Matrix& m : matrices_) {
+    for (const CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+      if (!v->empty()) bases.push_back(v->data());
+  }
+  for (size_t slot = 0; slot < ring_.host_slots(); ++slot) bases.push_back(ring_.host_slot(slot) + kSlotHeaderBytes);
+  for (int copy = 0; copy < upload_copies_ && upload_.data() != nullptr; ++copy) bases.push_back(upload_copy(copy));
+  return bases;
 }
 
 void Engine::column_counts(int64_t* selected, int64_t* columns) const {

@@ -26,6 +26,9 @@ void set_fuse_window_close(zf_engine* engine, bool fuse);
 // Bytes of host memory the engine's host state and pinned buffers hold (their capacity),
 // over its devices: 0 before the first step or load, this rank's share after.
 size_t host_memory_capacity(const zf_engine* engine);
+// Where every host array the host lanes stream starts (Engine::host_stream_bases_for_testing),
+// over the engine's devices.
+std::vector<const void*> host_stream_bases(const zf_engine* engine);
 // The engine's staging buckets: [first, last) in matrix order (matrices are the
 // parameters with ndim >= 2 outside dense groups, in parameter order), dtype, and the
 // packed bytes of a bucket with nothing selected.
