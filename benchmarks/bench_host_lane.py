@@ -34,12 +34,15 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               at their roofs: what a kernel of the same streams with no arithmetic would take.
               The window update alone and the accumulates alone are also given against their
               own passes' roofs (the engine's host_update_seconds and accumulate_seconds,
-              device side idle, the formula's bytes of each). The roof is timed after every
-              window of the device-side-idle run (one timed pass per variant), and each
-              window is compared with the roof of its own moment: the fractions are the
-              median over windows of (window's GB/s / roof's GB/s then). On a shared VM the
-              memory bandwidth drifts by up to 2x within minutes; a roof timed once per row
-              made the fractions as much a record of that drift as of the lane.
+              device side idle, the formula's bytes of each). The roof is timed before and
+              after every window of the device-side-idle run (one timed pass per variant),
+              and each window is compared with the mean of the two. On a shared VM the
+              memory bandwidth moves between states up to 2x apart, sometimes within a tenth
+              of a second: a window whose two roofs differ by more than STEADY_ROOF_SPREAD
+              may have run in either state and is left out. The fractions are medians over
+              the steady windows of (window's GB/s / roof's GB/s then); the fast state's
+              column takes the steady windows whose roof is FAST_STATE_ROOF times the run's
+              slowest or more. --per-window saves every window.
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
@@ -90,6 +93,26 @@ def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int, 
     return {key: (b / t / 1e9 if t else None) for key, (b, t) in sums.items()}
 
 
+# Two roofs around a window at most this far apart (the larger over the smaller): the memory
+# stayed in one state through the window. The VM's two states are 1.5-1.9x apart; one state's
+# passes vary by a few percent.
+STEADY_ROOF_SPREAD = 1.10
+FAST_STATE_ROOF = 1.25
+
+
+def fractions_of_roof(windows: list) -> dict:
+    """Medians over `windows` of each fraction of its roof (None where there is none)."""
+    result = {}
+    for key, field in (
+        ("window", "of_roof"),
+        ("update", "update_of_roof"),
+        ("accumulate", "accumulate_of_roof"),
+    ):
+        values = [w[field] for w in windows if w[field] is not None]
+        result[key] = statistics.median(values) if values else None
+    return result
+
+
 def roof_gbs(elements: int, threads: int, reps: int) -> float:
     """Best of copy (2 arrays) and triad (3 arrays) in GB/s, torch on `threads` threads."""
     before = torch.get_num_threads()
@@ -131,28 +154,35 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     k = max(1, int(args.topk * args.cols))
     deferred = args.matrices * args.rows * (args.cols - k)
     before = engine.stats()
-    # Device side idle: after each window (its last step and pause), the window's own
-    # seconds and the shape roof's passes, timed right then: the VM's memory bandwidth
-    # drifts by up to 2x within minutes (measured 55 to 95 GB/s for one pass shape), so
-    # each window is compared with the roof of its own moment.
+    # Device side idle: each window is bracketed by the shape roof's passes timed right before
+    # its first step and right after its last (and the pause): the VM's memory bandwidth
+    # moves between two states (measured 55 and 95 GB/s for one pass shape), sometimes within
+    # a tenth of a second, so a window is compared with the roof of its own moment, and only
+    # a window whose two roofs agree (within STEADY_ROOF_SPREAD) says how near its roof the
+    # lane is: the others may have run in either state.
     windows = []
     last = before
+    roof_before = (
+        shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1) if settle > 0 else None
+    )
     for t in range(args.windows * interval):
         engine.step(grads[t % 2], None)
         if settle > 0:
             time.sleep(settle)
             if (t + 1) % interval == 0:
                 now = engine.stats()
-                roof = shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1)
+                roof_after = shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1)
                 windows.append(
                     {
                         "update_seconds": now["host_update_seconds"] - last["host_update_seconds"],
                         "accumulate_seconds": now["accumulate_seconds"]
                         - last["accumulate_seconds"],
-                        "roof": roof,
+                        "roof_before": roof_before,
+                        "roof_after": roof_after,
                     }
                 )
                 last = now
+                roof_before = roof_after
     after = engine.stats()
     engine.close()
     step_count_bytes = 8 * args.matrices * (args.cols - k) * args.windows
@@ -176,30 +206,47 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     update_bytes = g + w + (28 if interval > 1 else 24)
     accumulate_bytes = formula - update_bytes
     # Per window: the lane's GB/s over the roof's GB/s of the same moment (window as a
-    # whole, update alone, accumulates alone).
-    per_window = {"window": [], "update": [], "accumulate": []}
+    # whole, update alone, accumulates alone), against the mean of the roofs around it.
+    per_window, steady_roofs = [], []
     for w_ in windows:
-        update_gbs = update_bytes * deferred / w_["update_seconds"] / 1e9
-        per_window["update"].append(update_gbs / w_["roof"]["update"])
+        roof = {
+            key: (w_["roof_before"][key] + w_["roof_after"][key]) / 2
+            if w_["roof_after"][key]
+            else None
+            for key in ("window", "update", "accumulate")
+        }
+        spread = max(w_["roof_before"]["window"], w_["roof_after"]["window"]) / min(
+            w_["roof_before"]["window"], w_["roof_after"]["window"]
+        )
         window_gbs = formula * deferred / (w_["update_seconds"] + w_["accumulate_seconds"]) / 1e9
-        per_window["window"].append(window_gbs / w_["roof"]["window"])
+        update_gbs = update_bytes * deferred / w_["update_seconds"] / 1e9
+        accumulate_of_roof = None
         if accumulate_bytes:
             accumulate_gbs = accumulate_bytes * deferred / w_["accumulate_seconds"] / 1e9
-            per_window["accumulate"].append(accumulate_gbs / w_["roof"]["accumulate"])
-    return {
-        "per_window": [
+            accumulate_of_roof = accumulate_gbs / roof["accumulate"]
+        if spread <= STEADY_ROOF_SPREAD:
+            steady_roofs.append(roof)
+        per_window.append(
             {
-                "roof_gbs": w_["roof"]["window"],
-                "of_roof": per_window["window"][i],
-                "update_of_roof": per_window["update"][i],
+                "roof_gbs": roof["window"],
+                "roof_before_gbs": w_["roof_before"]["window"],
+                "roof_after_gbs": w_["roof_after"]["window"],
+                "steady": spread <= STEADY_ROOF_SPREAD,
+                "of_roof": window_gbs / roof["window"],
+                "update_of_roof": update_gbs / roof["update"],
+                "accumulate_of_roof": accumulate_of_roof,
             }
-            for i, w_ in enumerate(windows)
-        ],
-        "of_roof": {key: (statistics.median(v) if v else None) for key, v in per_window.items()},
+        )
+    steady = [w_ for w_ in per_window if w_["steady"]]
+    return {
+        "per_window": per_window,
+        "steady_windows": len(steady),
+        "of_roof": fractions_of_roof(steady),
+        # The shape roofs (GB/s), medians over the steady windows.
         "roof_gbs": {
             key: (
-                statistics.median(w_["roof"][key] for w_ in windows)
-                if windows and windows[0]["roof"][key]
+                statistics.median(r[key] for r in steady_roofs)
+                if steady_roofs and steady_roofs[0][key]
                 else None
             )
             for key in ("window", "update", "accumulate")
@@ -261,6 +308,13 @@ def main() -> None:
             idle = run(name, interval, args, args.settle)
             roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
             rows.append((name, interval, result, idle, roof))
+    # The memory's fast state, where there is one: steady windows whose roof is at least
+    # FAST_STATE_ROOF times the slowest steady window's of the run (the states are 1.5-1.9x
+    # apart on the VM that showed two; a machine with one state has no fast windows).
+    steady_roofs = [
+        w["roof_gbs"] for *_, idle, _ in rows for w in idle["per_window"] if w["steady"]
+    ]
+    fast_from = FAST_STATE_ROOF * min(steady_roofs) if steady_roofs else float("inf")
     lines = [
         f"# Host lane traffic and throughput ({datetime.date.today()})",
         "",
@@ -269,42 +323,63 @@ def main() -> None:
         f"{args.threads} host-lane threads, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch {torch.__version__}. Bytes per deferred element per window "
         "(step counts excluded); the roof is torch's best of copy and triad on as many threads, "
-        "measured right after each row; the shape roof (GB/s: median over windows) is timed after "
-        "each window of the device-side-idle run, and its fractions are medians over windows of "
-        "the window's GB/s over the roof's of that moment. Lane GB/s pipelined: each step right after the last; "
+        "measured right after each row; the shape roof is timed before and after each window of "
+        "the device-side-idle run, and a window is *steady* when the two agree within "
+        f"{STEADY_ROOF_SPREAD - 1:.0%}. Shape roof GB/s and the fractions of it: medians over the "
+        "steady windows of the window's GB/s over the mean of its two roofs; the fast state's "
+        f"windows are the steady ones whose roof is at least {FAST_STATE_ROOF}x the run's slowest "
+        f"({fast_from:.1f} GB/s here). Lane GB/s pipelined: each step right after the last; "
         f"device side idle: a {args.settle} s pause after each step (the bench's docstring).",
         "",
         "| gradient and weights | S | counted B | formula B | unfused B | issue 29 floor B "
         "| roof GB/s | lane GB/s, pipelined | of roof | lane GB/s, device side idle | of roof "
-        "| shape roof GB/s | idle lane of shape roof "
-        "| update GB/s (idle), of its roof | accumulates GB/s (idle), of their roof |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steady windows (fast) | shape roof GB/s | idle lane of shape roof "
+        "| update GB/s (idle), of its roof | accumulates GB/s (idle), of their roof "
+        "| fast state: window (update, accumulates) of roof |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def of(value, ratio):
-        return "-" if value is None else f"{value:.1f}, {ratio:.0%}"
+        return "-" if value is None or ratio is None else f"{value:.1f}, {ratio:.0%}"
+
+    def percent(ratio):
+        return "-" if ratio is None else f"{ratio:.0%}"
 
     for name, interval, r, idle, roof in rows:
         floor = "-" if r["floor"] is None else f"{r['floor']}"
+        fast = [w for w in idle["per_window"] if w["steady"] and w["roof_gbs"] >= fast_from]
+        idle["fast_windows"] = len(fast)
+        idle["fast_of_roof"] = fractions_of_roof(fast)
+        fast_text = "-"
+        if fast:
+            f = idle["fast_of_roof"]
+            fast_text = (
+                f"{percent(f['window'])} ({percent(f['update'])}, {percent(f['accumulate'])})"
+            )
+        shape_roof = idle["roof_gbs"]["window"]
         lines.append(
             f"| {name} | {interval} | {r['counted']:.1f} | {r['formula']} | {r['unfused']} | {floor} "
             f"| {roof:.1f} | {r['gbs']:.1f} | {r['gbs'] / roof:.0%} "
-            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} | {idle['roof_gbs']['window']:.1f} "
-            f"| {idle['of_roof']['window']:.0%} | {of(idle['update_gbs'], idle['of_roof']['update'])} "
-            f"| {of(idle['accumulate_gbs'], idle['of_roof']['accumulate'])} |"
+            f"| {idle['gbs']:.1f} | {idle['gbs'] / roof:.0%} "
+            f"| {idle['steady_windows']} of {len(idle['per_window'])} ({len(fast)}) "
+            f"| {'-' if shape_roof is None else f'{shape_roof:.1f}'} "
+            f"| {percent(idle['of_roof']['window'])} | {of(idle['update_gbs'], idle['of_roof']['update'])} "
+            f"| {of(idle['accumulate_gbs'], idle['of_roof']['accumulate'])} | {fast_text} |"
         )
     ratio_sets = (
         ("pipelined, of the copy/triad roof", [r[2]["gbs"] / r[4] for r in rows]),
         ("device side idle, of the copy/triad roof", [r[3]["gbs"] / r[4] for r in rows]),
         ("device side idle, of the shape roof", [r[3]["of_roof"]["window"] for r in rows]),
         ("window update alone, of its shape roof", [r[3]["of_roof"]["update"] for r in rows]),
+        ("accumulates alone, of their shape roof", [r[3]["of_roof"]["accumulate"] for r in rows]),
         (
-            "accumulates alone, of their shape roof",
-            [r[3]["of_roof"]["accumulate"] for r in rows if r[3]["of_roof"]["accumulate"]],
+            "device side idle, fast state, of the shape roof",
+            [r[3]["fast_of_roof"]["window"] for r in rows],
         ),
     )
     for label, ratios in ratio_sets:
-        if not ratios:  # no accumulates at S = 1
+        ratios = [ratio for ratio in ratios if ratio is not None]  # no accumulates at S = 1
+        if not ratios:
             continue
         lines.append(
             f"\nLane throughput, {label}: {min(ratios):.0%} to {max(ratios):.0%} "
