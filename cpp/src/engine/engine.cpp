@@ -371,8 +371,7 @@ void Engine::setup_buckets_and_memory() {
 
 void Engine::release_host_memory() {
   for (Matrix& m : matrices_) {
-    for (CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
-      CacheLineVector<float>().swap(*v);
+    for (CacheLineVector<float>* v : m.host_arrays()) CacheLineVector<float>().swap(*v);
     std::vector<int32_t>().swap(m.steps);
   }
   ring_.release();
@@ -385,11 +384,7 @@ void Engine::ensure_host_memory() {
   if (host_memory_ready_) return;
   for (Matrix& m : matrices_) {
     const size_t elements = static_cast<size_t>(m.rows * m.own_cols);
-    m.master.assign(elements, 0.0f);
-    m.exp_avg.assign(elements, 0.0f);
-    m.exp_avg_sq.assign(elements, 0.0f);
-    m.acc[0].assign(elements, 0.0f);
-    m.acc[1].assign(elements, 0.0f);
+    for (CacheLineVector<float>* v : m.host_arrays()) v->assign(elements, 0.0f);
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
   ring_.allocate(backend_.get());

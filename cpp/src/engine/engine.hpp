@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -257,6 +258,11 @@ class Engine {
     // stay deferred to their new places (relayout_deferred).
     // Each array starts on a cache line, as the staging slots and the upload copies do.
     CacheLineVector<float> master, exp_avg, exp_avg_sq, acc[2];
+    // The five arrays above, for what is done to each alike (allocate, release, account).
+    std::array<CacheLineVector<float>*, 5> host_arrays() { return {&master, &exp_avg, &exp_avg_sq, &acc[0], &acc[1]}; }
+    std::array<const CacheLineVector<float>*, 5> host_arrays() const {
+      return {&master, &exp_avg, &exp_avg_sq, &acc[0], &acc[1]};
+    }
     // Per accumulator: 1 while it holds nothing of an open window (the next accumulate
     // writes it instead of adding; the update that consumes it does not zero it). Touched
     // by the host lane's jobs only (one thread), and by the training thread only while the

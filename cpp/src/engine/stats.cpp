@@ -47,8 +47,7 @@ zf_engine_stats Engine::stats() const {
 size_t Engine::host_memory_capacity() const {
   size_t bytes = ring_.pinned_capacity() + upload_.size() + scalar_readback_.host_capacity();
   for (const Matrix& m : matrices_) {
-    for (const CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
-      bytes += v->capacity() * sizeof(float);
+    for (const CacheLineVector<float>* v : m.host_arrays()) bytes += v->capacity() * sizeof(float);
     bytes += m.steps.capacity() * sizeof(int32_t);
   }
   return bytes;
@@ -57,7 +56,7 @@ size_t Engine::host_memory_capacity() const {
 std::vector<const void*> Engine::host_stream_bases_for_testing() const {
   std::vector<const void*> bases;
   for (const Matrix& m : matrices_) {
-    for (const CacheLineVector<float>* v : {&m.master, &m.exp_avg, &m.exp_avg_sq, &m.acc[0], &m.acc[1]})
+    for (const CacheLineVector<float>* v : m.host_arrays())
       if (!v->empty()) bases.push_back(v->data());
   }
   for (size_t slot = 0; slot < ring_.host_slots(); ++slot) bases.push_back(ring_.host_slot(slot) + kSlotHeaderBytes);
