@@ -224,14 +224,15 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
         if accumulate_bytes:
             accumulate_gbs = accumulate_bytes * deferred / w_["accumulate_seconds"] / 1e9
             accumulate_of_roof = accumulate_gbs / roof["accumulate"]
-        if spread <= STEADY_ROOF_SPREAD:
+        is_steady = spread <= STEADY_ROOF_SPREAD
+        if is_steady:
             steady_roofs.append(roof)
         per_window.append(
             {
                 "roof_gbs": roof["window"],
                 "roof_before_gbs": w_["roof_before"]["window"],
                 "roof_after_gbs": w_["roof_after"]["window"],
-                "steady": spread <= STEADY_ROOF_SPREAD,
+                "steady": is_steady,
                 "of_roof": window_gbs / roof["window"],
                 "update_of_roof": update_gbs / roof["update"],
                 "accumulate_of_roof": accumulate_of_roof,
@@ -295,8 +296,9 @@ def main() -> None:
         "--per-window",
         type=Path,
         default=None,
-        help="save every device-side-idle window (its shape roof in GB/s, the window's and the "
-        "update's fractions of their roofs) here, as JSON: the memory's state per window",
+        help="save every device-side-idle window (its shape roofs before and after it and their "
+        "mean in GB/s, whether it is steady, the window's, the update's and the accumulates' "
+        "fractions of their roofs) here, as JSON: the memory's state per window",
     )
     args = parser.parse_args()
 
@@ -348,7 +350,6 @@ def main() -> None:
     for name, interval, r, idle, roof in rows:
         floor = "-" if r["floor"] is None else f"{r['floor']}"
         fast = [w for w in idle["per_window"] if w["steady"] and w["roof_gbs"] >= fast_from]
-        idle["fast_windows"] = len(fast)
         idle["fast_of_roof"] = fractions_of_roof(fast)
         fast_text = "-"
         if fast:
