@@ -34,15 +34,16 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               at their roofs: what a kernel of the same streams with no arithmetic would take.
               The window update alone and the accumulates alone are also given against their
               own passes' roofs (the engine's host_update_seconds and accumulate_seconds,
-              device side idle, the formula's bytes of each). The roof is timed before and
-              after every window of the device-side-idle run (one timed pass per variant),
-              and each window is compared with the mean of the two. On a shared VM the
-              memory bandwidth moves between states up to 2x apart, sometimes within a tenth
-              of a second: a window whose two roofs differ by more than STEADY_ROOF_SPREAD
-              may have run in either state and is left out. The fractions are medians over
-              the steady windows of (window's GB/s / roof's GB/s then); the fast state's
-              column takes the steady windows whose roof is FAST_STATE_ROOF times the run's
-              slowest or more. --per-window saves every window.
+              device side idle, the formula's bytes of each). In the device-side-idle run
+              each step's pass is bracketed: its shape's roof is timed right before the step
+              and right after its pause (one timed pass per variant), and the pass is
+              compared with the mean of the two. On a shared VM the memory bandwidth moves
+              between states up to 2x apart, sometimes within a tenth of a second: a window
+              with a pass whose two roofs differ by more than STEADY_ROOF_SPREAD may have run
+              in either state and is left out. The fractions are medians over the steady
+              windows of (window's GB/s / roof's GB/s then); the fast state's column takes
+              the steady windows whose roof is FAST_STATE_ROOF times the run's slowest or
+              more. --per-window saves every window and its passes.
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
@@ -66,35 +67,33 @@ from zenflow import _C
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def shape_roof_gbs(dtype_name: str, interval: int, deferred: int, threads: int, reps: int) -> dict:
-    """The window's bytes over its passes' times at their same-shape roofs (docstring), and
-    the same for the accumulates alone and the update alone, in GB/s (each pass the best of
-    its variants, `reps` timed passes each)."""
+def window_passes(dtype_name: str, interval: int) -> list:
+    """The streams of each step's host pass in a window of `interval` steps, in step order,
+    with the pass's phase: the first accumulate (g read, A written), the others (g read, A
+    read and written), the closing step's fused update (U read and written, A read, master,
+    m, v read and written; no A at S = 1)."""
     g = ("bfloat16", "read") if dtype_name == "bfloat16" else ("float32", "read")
     u = (dtype_name, "read_write")
     state = [("float32", "read_write")] * 3  # master, m, v
-    passes = []  # (streams, times per window)
     if interval == 1:
-        passes.append(([u, *state], 1))
-    else:
-        passes.append(([g, ("float32", "write")], 1))
-        if interval > 2:
-            passes.append(([g, ("float32", "read_write")], interval - 2))
-        passes.append(([u, ("float32", "read"), *state], 1))
+        return [("update", [u, *state])]
+    first = ("accumulate", [g, ("float32", "write")])
+    middle = ("accumulate", [g, ("float32", "read_write")])
+    return [first] + [middle] * (interval - 2) + [("update", [u, ("float32", "read"), *state])]
+
+
+def pass_bytes(streams: list, deferred: int) -> int:
     size = {"float32": 4, "bfloat16": 2}
-    sums = {"window": [0.0, 0.0], "accumulate": [0.0, 0.0], "update": [0.0, 0.0]}
-    for index, (streams, times) in enumerate(passes):
-        pass_bytes = deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
-        bandwidth = _C.host_stream_bandwidth(streams, deferred, threads, reps)
-        phase = "update" if index == len(passes) - 1 else "accumulate"
-        for key in ("window", phase):
-            sums[key][0] += times * pass_bytes
-            sums[key][1] += times * pass_bytes / bandwidth
-    return {key: (b / t / 1e9 if t else None) for key, (b, t) in sums.items()}
+    return deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
 
 
-# Two roofs around a window at most this far apart (the larger over the smaller): the memory
-# stayed in one state through the window. The VM's two states are 1.5-1.9x apart; one state's
+def stream_roof_gbs(streams: list, deferred: int, threads: int) -> float:
+    """One pass shape's roof in GB/s: zf_host_stream_bandwidth, the best of its variants."""
+    return _C.host_stream_bandwidth(streams, deferred, threads, 1) / 1e9
+
+
+# Two roofs around a pass at most this far apart (the larger over the smaller): the memory
+# stayed in one state through the pass. The VM's two states are 1.5-1.9x apart; one state's
 # passes vary by a few percent.
 STEADY_ROOF_SPREAD = 1.10
 FAST_STATE_ROOF = 1.25
@@ -154,35 +153,44 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     k = max(1, int(args.topk * args.cols))
     deferred = args.matrices * args.rows * (args.cols - k)
     before = engine.stats()
-    # Device side idle: each window is bracketed by the shape roof's passes timed right before
-    # its first step and right after its last (and the pause): the VM's memory bandwidth
-    # moves between two states (measured 55 and 95 GB/s for one pass shape), sometimes within
-    # a tenth of a second, so a window is compared with the roof of its own moment, and only
-    # a window whose two roofs agree (within STEADY_ROOF_SPREAD) says how near its roof the
-    # lane is: the others may have run in either state.
-    windows = []
+    # Device side idle: each step's host pass is bracketed by its shape's roof, timed right
+    # before the step and right after its pause: the VM's memory bandwidth moves between two
+    # states (measured 55 and 95 GB/s for one pass shape), sometimes within a tenth of a
+    # second, so a pass is compared with the roof of its own moment, and only a window whose
+    # every pass had its two roofs agree (within STEADY_ROOF_SPREAD) says how near its roof
+    # the lane is: the others may have run in either state. (Brackets around a whole window
+    # let a state change inside a window of 2-8 steps pass for steady.)
+    passes = window_passes(dtype_name, interval)
+    windows, steps = [], []
     last = before
-    roof_before = (
-        shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1) if settle > 0 else None
-    )
+    measured = None  # (streams, GB/s) of the last roof timed, reused for the next bracket
     for t in range(args.windows * interval):
-        engine.step(grads[t % 2], None)
+        phase, streams = passes[t % interval]
         if settle > 0:
-            time.sleep(settle)
-            if (t + 1) % interval == 0:
-                now = engine.stats()
-                roof_after = shape_roof_gbs(dtype_name, interval, deferred, args.threads, reps=1)
-                windows.append(
-                    {
-                        "update_seconds": now["host_update_seconds"] - last["host_update_seconds"],
-                        "accumulate_seconds": now["accumulate_seconds"]
-                        - last["accumulate_seconds"],
-                        "roof_before": roof_before,
-                        "roof_after": roof_after,
-                    }
-                )
-                last = now
-                roof_before = roof_after
+            if measured is None or measured[0] != streams:
+                measured = (streams, stream_roof_gbs(streams, deferred, args.threads))
+            roof_before = measured[1]
+        engine.step(grads[t % 2], None)
+        if settle <= 0:
+            continue
+        time.sleep(settle)
+        now = engine.stats()
+        key = "host_update_seconds" if phase == "update" else "accumulate_seconds"
+        roof_after = stream_roof_gbs(streams, deferred, args.threads)
+        measured = (streams, roof_after)
+        steps.append(
+            {
+                "phase": phase,
+                "bytes": pass_bytes(streams, deferred),
+                "seconds": now[key] - last[key],
+                "roof_before": roof_before,
+                "roof_after": roof_after,
+            }
+        )
+        last = now
+        if (t + 1) % interval == 0:
+            windows.append(steps)
+            steps = []
     after = engine.stats()
     engine.close()
     step_count_bytes = 8 * args.matrices * (args.cols - k) * args.windows
@@ -205,37 +213,49 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     # The formula's bytes by phase: the accumulates, then the (fused) window update.
     update_bytes = g + w + (28 if interval > 1 else 24)
     accumulate_bytes = formula - update_bytes
-    # Per window: the lane's GB/s over the roof's GB/s of the same moment (window as a
-    # whole, update alone, accumulates alone), against the mean of the roofs around it.
+    # Per window: the lane's GB/s over the roof's GB/s of the same moments (window as a
+    # whole, update alone, accumulates alone): each pass's roof is the mean of the two timed
+    # around it, and a set of passes' roof is their bytes over their times at their roofs.
     per_window, steady_roofs = [], []
-    for w_ in windows:
-        roof = {
-            key: (w_["roof_before"][key] + w_["roof_after"][key]) / 2
-            if w_["roof_after"][key]
-            else None
-            for key in ("window", "update", "accumulate")
-        }
-        spread = max(w_["roof_before"]["window"], w_["roof_after"]["window"]) / min(
-            w_["roof_before"]["window"], w_["roof_after"]["window"]
+    for window_steps in windows:
+        fraction, roof = {}, {}
+        for key, phases in (
+            ("window", ("accumulate", "update")),
+            ("update", ("update",)),
+            ("accumulate", ("accumulate",)),
+        ):
+            chosen = [p for p in window_steps if p["phase"] in phases]
+            if not chosen:
+                fraction[key] = roof[key] = None
+                continue
+            at_roof = sum(
+                p["bytes"] / ((p["roof_before"] + p["roof_after"]) / 2 * 1e9) for p in chosen
+            )
+            roof[key] = sum(p["bytes"] for p in chosen) / at_roof / 1e9
+            fraction[key] = at_roof / sum(p["seconds"] for p in chosen)
+        spread = max(
+            max(p["roof_before"], p["roof_after"]) / min(p["roof_before"], p["roof_after"])
+            for p in window_steps
         )
-        window_gbs = formula * deferred / (w_["update_seconds"] + w_["accumulate_seconds"]) / 1e9
-        update_gbs = update_bytes * deferred / w_["update_seconds"] / 1e9
-        accumulate_of_roof = None
-        if accumulate_bytes:
-            accumulate_gbs = accumulate_bytes * deferred / w_["accumulate_seconds"] / 1e9
-            accumulate_of_roof = accumulate_gbs / roof["accumulate"]
         is_steady = spread <= STEADY_ROOF_SPREAD
         if is_steady:
             steady_roofs.append(roof)
         per_window.append(
             {
                 "roof_gbs": roof["window"],
-                "roof_before_gbs": w_["roof_before"]["window"],
-                "roof_after_gbs": w_["roof_after"]["window"],
                 "steady": is_steady,
-                "of_roof": window_gbs / roof["window"],
-                "update_of_roof": update_gbs / roof["update"],
-                "accumulate_of_roof": accumulate_of_roof,
+                "of_roof": fraction["window"],
+                "update_of_roof": fraction["update"],
+                "accumulate_of_roof": fraction["accumulate"],
+                "passes": [
+                    {
+                        "phase": p["phase"],
+                        "gbs": p["bytes"] / p["seconds"] / 1e9,
+                        "roof_before_gbs": p["roof_before"],
+                        "roof_after_gbs": p["roof_after"],
+                    }
+                    for p in window_steps
+                ],
             }
         )
     steady = [w_ for w_ in per_window if w_["steady"]]
@@ -296,9 +316,10 @@ def main() -> None:
         "--per-window",
         type=Path,
         default=None,
-        help="save every device-side-idle window (its shape roofs before and after it and their "
-        "mean in GB/s, whether it is steady, the window's, the update's and the accumulates' "
-        "fractions of their roofs) here, as JSON: the memory's state per window",
+        help="save every device-side-idle window (its roof in GB/s, whether it is steady, the "
+        "window's, the update's and the accumulates' fractions of their roofs, and each pass's "
+        "GB/s with the roofs timed before and after it) here, as JSON: the memory's state per "
+        "pass",
     )
     args = parser.parse_args()
 
@@ -325,10 +346,12 @@ def main() -> None:
         f"{args.threads} host-lane threads, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch {torch.__version__}. Bytes per deferred element per window "
         "(step counts excluded); the roof is torch's best of copy and triad on as many threads, "
-        "measured right after each row; the shape roof is timed before and after each window of "
-        "the device-side-idle run, and a window is *steady* when the two agree within "
+        "measured right after each row; in the device-side-idle run each step's pass is "
+        "bracketed by its shape's roof, timed right before the step and right after its pause, "
+        "and a window is *steady* when the two roofs of each of its passes agree within "
         f"{STEADY_ROOF_SPREAD - 1:.0%}. Shape roof GB/s and the fractions of it: medians over the "
-        "steady windows of the window's GB/s over the mean of its two roofs; the fast state's "
+        "steady windows of the window's GB/s over its roof (each pass at the mean of its two); "
+        "the fast state's "
         f"windows are the steady ones whose roof is at least {FAST_STATE_ROOF}x the run's slowest "
         f"({fast_from:.1f} GB/s here). Lane GB/s pipelined: each step right after the last; "
         f"device side idle: a {args.settle} s pause after each step (the bench's docstring).",

@@ -359,7 +359,7 @@ class CudaBackend final : public Backend {
     return memory;
   }
 
-  void free_device(void* memory) override {
+  void free_device(void* memory, size_t) override {
     const ScopedDeviceNoThrow guard(device_);  // called by the engine's destructor
     cudaFree(memory);
   }
@@ -376,7 +376,7 @@ class CudaBackend final : public Backend {
     return memory;
   }
 
-  void free_pinned(void* memory) override {
+  void free_pinned(void* memory, size_t) override {
     const ScopedDeviceNoThrow guard(device_);  // no context on another device for the free
     cudaFreeHost(memory);
   }

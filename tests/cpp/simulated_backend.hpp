@@ -6,6 +6,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -129,6 +131,11 @@ class SimulatedAsyncBackend final : public zf::Backend {
   }
   void host_wait(const zf::Event& event) override {
     if (!event) return;
+    if (std::this_thread::get_id() != creator_ && lane_wait_latency_.count() > 0) {
+      // A copy that takes this long to land (outside the lock: the device runs meanwhile).
+      lane_waits_.fetch_add(1);
+      std::this_thread::sleep_for(lane_wait_latency_);
+    }
     std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     // A thread of the engine's that waits without having bound itself to the backend would,
     // on CUDA, create a context on whatever device is current there (GPU 0).
@@ -164,6 +171,10 @@ class SimulatedAsyncBackend final : public zf::Backend {
     std::lock_guard<std::recursive_mutex> lock(world_->mutex);
     return bound_.size();
   }
+  // Every host_wait of an engine thread (the host lane's jobs) first sleeps this long; set
+  // before the engine steps.
+  void set_lane_wait_latency(std::chrono::milliseconds latency) { lane_wait_latency_ = latency; }
+  size_t lane_waits() const { return lane_waits_.load(); }
   bool capturing(zf_stream) override { return capturing_; }
   void set_capturing(bool capturing) { capturing_ = capturing; }
 
@@ -174,9 +185,9 @@ class SimulatedAsyncBackend final : public zf::Backend {
   // a collective enqueued there (stream-ordered collectives for the data-parallel tests).
   void run_ops_lane() { host_wait(record(zf::Lane::kCompute)); }
   void* allocate_device(size_t bytes) override { return host_.allocate_device(bytes); }
-  void free_device(void* memory) override { host_.free_device(memory); }
+  void free_device(void* memory, size_t bytes) override { host_.free_device(memory, bytes); }
   void* allocate_pinned(size_t bytes) override { return host_.allocate_device(bytes); }
-  void free_pinned(void* memory) override { host_.free_device(memory); }
+  void free_pinned(void* memory, size_t bytes) override { host_.free_device(memory, bytes); }
   zf::ThreadPool& host_pool() override { return host_.host_pool(); }
   zf_device device() const override { return zf_device{ZF_DEVICE_CPU, 0}; }
 
@@ -230,6 +241,8 @@ class SimulatedAsyncBackend final : public zf::Backend {
   const std::thread::id creator_ = std::this_thread::get_id();
   std::set<std::thread::id> bound_;  // guarded by the world's mutex
   bool capturing_ = false;           // set by the training thread only
+  std::chrono::milliseconds lane_wait_latency_{0};
+  std::atomic<size_t> lane_waits_{0};
   std::deque<Item> lanes_[4];
   bool on_reduce_lane_ = false;  // compute_on(Lane::kReduce): compute-lane work goes to the reduction lane
   std::mt19937_64 rng_;

@@ -2,11 +2,16 @@
 // staleness, lossless re-selection, clipping, loss scaling, determinism, stats.
 #include <gtest/gtest.h>
 
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <tuple>
 
-#include "common/aligned_vector.hpp"
+#include "common/host_memory.hpp"
 #include "engine/schedule.hpp"
 #include "engine/testing.hpp"
 #include "test_engine_util.hpp"
@@ -562,10 +567,65 @@ TEST(EngineMemory, AttachedDeviceMemoryIsUsed) {
 // copies, which start on a cache line; a state array 16 bytes off one (what malloc gives a
 // large block) split every vector access across two lines and cost the window's first
 // accumulate and its update 17 to 38 points of their streaming roof
-// (benchmarks/results/2026-12-07-host-lane-fast-state.md).
+// (benchmarks/results/2026-12-07-host-lane-fast-state.md). A block of a huge page or more
+// starts on one and is advised for transparent huge pages (common/host_memory.hpp).
+TEST(HostMemory, EveryBlockStartsOnALineAndALargeOneOnAHugePage) {
+  const size_t huge = zf::kHugePageBytes;
+  for (size_t bytes :
+       {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, huge - 1, huge, huge + 4096 + 3, 4 * huge + 17}) {
+    auto* p = static_cast<unsigned char*>(zf::allocate_streamed(bytes));
+    ASSERT_NE(p, nullptr) << bytes;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % zf::kCacheLineBytes, 0u) << bytes;
+#if defined(__linux__)
+    if (bytes >= huge) EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % huge, 0u) << bytes;
+#endif
+    for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 131 + bytes);
+    size_t wrong = 0;
+    for (size_t i = 0; i < bytes; ++i) wrong += p[i] != static_cast<unsigned char>(i * 131 + bytes);
+    EXPECT_EQ(wrong, 0u) << bytes;
+    zf::free_streamed(p, bytes);
+  }
+  zf::free_streamed(nullptr, huge);
+}
+
+// The advice shows in /proc/self/smaps ("THPeligible: 1" for the mapping that holds the
+// block) wherever the system takes it: transparent huge pages "madvise" or "always".
+TEST(HostMemory, ALargeBlockIsEligibleForTransparentHugePages) {
+#if !defined(__linux__)
+  GTEST_SKIP() << "transparent huge pages are Linux's";
+#else
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(setting, mode);
+  if (mode.find("[madvise]") == std::string::npos && mode.find("[always]") == std::string::npos)
+    GTEST_SKIP() << "transparent huge pages off here: '" << mode << "'";
+  const size_t bytes = 3 * zf::kHugePageBytes + 4096;
+  auto* p = static_cast<unsigned char*>(zf::allocate_streamed(bytes));
+  std::memset(p, 1, bytes);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false, found = false;
+  int eligible = -1;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 && line.find(':') > line.find('-')) {
+      inside = lo <= at && at < hi;
+      found = found || inside;
+      continue;
+    }
+    if (inside && line.rfind("THPeligible:", 0) == 0) eligible = std::atoi(line.c_str() + 12);
+  }
+  zf::free_streamed(p, bytes);
+  ASSERT_TRUE(found) << "no mapping in /proc/self/smaps holds the block";
+  if (eligible < 0) GTEST_SKIP() << "this kernel's smaps has no THPeligible field";
+  EXPECT_EQ(eligible, 1);
+#endif
+}
+
 TEST(EngineMemory, EveryHostArrayTheLaneStreamsStartsOnACacheLine) {
   for (size_t count : {size_t{1}, size_t{3}, size_t{77}, size_t{1000}, size_t{1} << 20}) {
-    zf::CacheLineVector<float> v(count, 1.0f);
+    zf::StreamedVector<float> v(count, 1.0f);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % zf::kCacheLineBytes, 0u) << count;
     v.resize(count * 3 + 5);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % zf::kCacheLineBytes, 0u) << count;
@@ -592,6 +652,40 @@ TEST(EngineMemory, EveryHostArrayTheLaneStreamsStartsOnACacheLine) {
         EXPECT_EQ(reinterpret_cast<uintptr_t>(bases[i]) % zf::kCacheLineBytes, 0u) << "array " << i << ", step " << t;
     }
   }
+}
+
+// The engine's own large blocks (host state arrays, the arena of the host backend's staging
+// slots, the upload copies) come from allocate_streamed: each starts on a huge page.
+TEST(EngineMemory, EveryLargeHostBlockStartsOnAHugePage) {
+#if !defined(__linux__)
+  GTEST_SKIP() << "huge-page alignment is Linux's";
+#else
+  Model model;
+  model.groups = {zf_engine_group{1e-2, 0.0, 0}};
+  model.params.emplace_back(ZF_DTYPE_BF16, std::vector<int64_t>{1024, 2048});  // 8 MiB per fp32 host array
+  model.params.emplace_back(ZF_DTYPE_BF16, std::vector<int64_t>{7, 11});
+  model.param_groups = {0, 0};
+  for (auto& p : model.params)
+    for (int64_t e = 0; e < p.numel(); ++e) p.set(e, 0.001f * static_cast<float>(e % 97));
+  zf_engine_config config = test_config();
+  config.topk_ratio = 0.1;
+  config.update_interval = 2;
+  config.bucket_bytes = size_t{8} << 20;
+  zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, config);
+  for (int64_t t = 1; t <= 4; ++t) {
+    std::vector<HostTensor> grads = make_grads(model, t);
+    engine.step(tensors_of(grads));
+  }
+  const auto blocks = zf::testing::host_stream_blocks(engine.get());
+  size_t large = 0;
+  for (const auto& [start, bytes] : blocks) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(start) % zf::kCacheLineBytes, 0u) << bytes;
+    if (bytes < zf::kHugePageBytes) continue;
+    ++large;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(start) % zf::kHugePageBytes, 0u) << bytes;
+  }
+  EXPECT_GE(large, 6u);  // master, moments, two accumulators, the staging slots' arena, the upload copies
+#endif
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -1028,26 +1029,57 @@ TEST(EngineStreams, ACapturingComputeStreamIsRefusedByEveryCallAndChangesNothing
     EXPECT_TRUE(model.params[i].bitwise_equal(reference_model.params[i])) << "param " << i;
 }
 
-// The host lane's thread binds itself to the backend before it waits for anything (on CUDA:
-// its device, once, and the thread-local capture mode). The simulated backend raises on a
-// wait from an engine thread that did not; here the lane must have bound exactly one thread.
-TEST(EngineStreams, TheHostLaneBindsItsThreadOnceBeforeItsFirstWait) {
+// A bf16 model of 5 matrices, windows of 2 steps, on `simulated`: `before_steps` sees the
+// backend once the engine holds it, then `steps` steps and a flush, then `after_flush` sees
+// the backend (alive as long as the engine) and the engine's stats.
+void step_on_simulated_backend(std::unique_ptr<SimulatedAsyncBackend> simulated, int64_t steps,
+                               const std::function<void(SimulatedAsyncBackend&)>& before_steps,
+                               const std::function<void(SimulatedAsyncBackend&, const zf_engine_stats&)>& after_flush) {
   Model model = standard_model(ZF_DTYPE_BF16, 5);
   zf_engine_config c = zf_engine_test::test_config();
   c.topk_ratio = 0.3;
   c.update_interval = 2;
   zenflow::Engine engine(model.tensors(), model.param_groups, model.groups, c);
-  auto backend = std::make_unique<SimulatedAsyncBackend>(9, 30);
-  SimulatedAsyncBackend* simulated = backend.get();
-  zf::testing::use_backend(engine.get(), std::move(backend));
-  EXPECT_EQ(simulated->bound_threads(), 0u);
+  SimulatedAsyncBackend& backend = *simulated;
+  zf::testing::use_backend(engine.get(), std::move(simulated));
+  before_steps(backend);
   std::deque<std::vector<HostTensor>> alive;
-  for (int64_t t = 1; t <= 6; ++t) {
+  for (int64_t t = 1; t <= steps; ++t) {
     alive.push_back(make_grads(model, t));
     engine.step(tensors_of(alive.back()), step_lrs(model, t));
   }
   engine.flush();
-  EXPECT_EQ(simulated->bound_threads(), 1u);
+  after_flush(backend, engine.stats());
+}
+
+// The host lane's thread binds itself to the backend before it waits for anything (on CUDA:
+// its device, once, and the thread-local capture mode). The simulated backend raises on a
+// wait from an engine thread that did not; here the lane must have bound exactly one thread.
+TEST(EngineStreams, TheHostLaneBindsItsThreadOnceBeforeItsFirstWait) {
+  step_on_simulated_backend(
+      std::make_unique<SimulatedAsyncBackend>(9, 30), 6,
+      [](SimulatedAsyncBackend& backend) { EXPECT_EQ(backend.bound_threads(), 0u); },
+      [](SimulatedAsyncBackend& backend, const zf_engine_stats&) { EXPECT_EQ(backend.bound_threads(), 1u); });
+}
+
+// The host lane's timers count its passes, not its jobs' waits for the copies they read or
+// write: with every such wait made long, the waits land in host_lane_wait_seconds and the
+// accumulates and updates of a small model stay far below them.
+TEST(EngineStreams, TheHostLaneTimesItsPassesWithoutItsWaitsForCopies) {
+  const auto latency = std::chrono::milliseconds(40);
+  auto simulated = std::make_unique<SimulatedAsyncBackend>(5, 30);
+  simulated->set_lane_wait_latency(latency);
+  step_on_simulated_backend(
+      std::move(simulated), 8, [](SimulatedAsyncBackend&) {},
+      [&](SimulatedAsyncBackend& backend, const zf_engine_stats& stats) {
+        ASSERT_GE(backend.lane_waits(), 4u) << "the host lane's jobs waited for their copies";
+        const double waited = static_cast<double>(backend.lane_waits()) * 1e-3 * static_cast<double>(latency.count());
+        EXPECT_GE(stats.host_lane_wait_seconds, 0.95 * waited);
+        EXPECT_GT(stats.accumulate_seconds, 0.0);
+        EXPECT_GT(stats.host_update_seconds, 0.0);
+        EXPECT_LT(stats.accumulate_seconds + stats.host_update_seconds, 0.25 * waited)
+            << "the passes of a 5-matrix model took a fraction of one wait each";
+      });
 }
 
 TEST(EngineStreams, TheHostBackendTakesOnlyTheNullStream) {

@@ -59,6 +59,7 @@ STAT_KEYS = {
     "stall_seconds_flush",
     "host_update_seconds",
     "accumulate_seconds",
+    "host_lane_wait_seconds",
     "bytes_down",
     "bytes_up",
     "selected_fraction",

@@ -536,8 +536,8 @@ typedef struct zf_engine_stats {
   double stall_seconds_window_close;  /* training thread waiting for a host update at a close */
   double stall_seconds_back_pressure; /* waiting for a free staging slot */
   double stall_seconds_flush;         /* inside flushes (explicit, selection, save) */
-  double host_update_seconds;         /* host lane time in window updates */
-  double accumulate_seconds;          /* host lane time in accumulates */
+  double host_update_seconds;         /* host lane time in window update passes */
+  double accumulate_seconds;          /* host lane time in accumulate passes */
   int64_t bytes_down;                 /* packed deferred gradient bytes (gradient dtype) */
   int64_t bytes_up;                   /* uploaded deferred weight bytes (parameter dtype) */
   double selected_fraction;           /* sum k / sum n over matrices (current selection) */
@@ -570,6 +570,11 @@ typedef struct zf_engine_stats {
   /* The synchronous start's length in steps: max(full_warm_up_rounds, the end that
    * auto_warm_up_rounds decided); -1 while the decision is pending. Since 0.1.0 (2026-12-06). */
   int64_t synchronous_start_steps;
+  /* The host lane's jobs waiting for the copies they read or write (a staging slot's
+   * download, the upload copy's last upload), not counted in host_update_seconds or
+   * accumulate_seconds, so that those time the passes over memory alone. Since 0.1.0
+   * (2026-12-07). */
+  double host_lane_wait_seconds;
 } zf_engine_stats;
 
 ZF_API zf_status zf_engine_get_stats(const zf_engine* engine, zf_engine_stats* stats);

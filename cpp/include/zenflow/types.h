@@ -147,7 +147,9 @@ ZF_API int zf_host_cpu_count(void);
  * (ZF_STREAM_READ), written (ZF_STREAM_WRITE) or read and written in place
  * (ZF_STREAM_READ_WRITE). A pass reads every read stream and writes every written one, with
  * one add per read stream and element: memory traffic, almost no arithmetic. The call
- * allocates the streams (64-byte aligned, first touched by the pass's threads), runs
+ * allocates the streams as the engine allocates its host state (64-byte aligned; a stream of
+ * 2 MiB or more starts on a 2 MiB boundary and, on Linux, is advised for transparent huge
+ * pages) and first touches them on the pass's threads, runs
  * `repetitions` timed passes on `threads` threads of its own for each of four variants
  * (write-only streams stored plainly or non-temporally, read streams prefetched or not) at
  * the active SIMD level, frees everything, and stores in *bytes_per_second the bytes of one

@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "common/float_convert.hpp"
+#include "common/host_memory.hpp"
 #include "common/thread_pool.hpp"
 #include "simd/kernels.hpp"
 #include "zenflow/types.h"
@@ -17,16 +18,23 @@
 namespace zf {
 namespace {
 
-struct AlignedFree {
-  void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(64)); }
+// The roof streams the memory the host lane streams (host_memory.hpp: cache-line aligned,
+// on huge pages where the system allows).
+struct StreamedFree {
+  size_t bytes = 0;
+  void operator()(unsigned char* p) const { free_streamed(p, bytes); }
 };
-using AlignedBuffer = std::unique_ptr<unsigned char[], AlignedFree>;
+using StreamBuffer = std::unique_ptr<unsigned char[], StreamedFree>;
 
-AlignedBuffer allocate(size_t bytes) {
-  auto* p = static_cast<unsigned char*>(::operator new[](bytes, std::align_val_t(64), std::nothrow));
+StreamBuffer allocate(size_t bytes) {
+  unsigned char* p = nullptr;
+  try {
+    p = static_cast<unsigned char*>(allocate_streamed(bytes));
+  } catch (const std::bad_alloc&) {
+  }
   require(p != nullptr, ZF_ERROR_OUT_OF_MEMORY, "zf_host_stream_bandwidth: cannot allocate ", bytes,
           " bytes for a stream");
-  return AlignedBuffer(p);
+  return StreamBuffer(p, StreamedFree{bytes});
 }
 
 // Thread t's elements: whole blocks of 1024 (split_range over the blocks), so that every
@@ -75,7 +83,7 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
   }
   require(reads > 0 && any_write, ZF_ERROR_INVALID_VALUE,
           "streams: a pass needs at least one stream read and one written");
-  std::vector<AlignedBuffer> buffers;
+  std::vector<StreamBuffer> buffers;
   for (size_t s = 0; s < count; ++s) {
     buffers.push_back(allocate(static_cast<size_t>(elements) * static_cast<size_t>(args.bytes[s])));
     args.data[s] = buffers.back().get();

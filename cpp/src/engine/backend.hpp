@@ -114,11 +114,11 @@ class Backend {
   // on the reduction lane, until compute_on(Lane::kCompute). The caller's stream is then free
   // for the rest of the backward; the engine orders the two lanes with events.
   virtual void compute_on(Lane lane) { (void)lane; }
-  virtual void* allocate_device(size_t bytes) = 0;  // when the caller attaches none
-  virtual void free_device(void* memory) = 0;
+  virtual void* allocate_device(size_t bytes) = 0;           // when the caller attaches none
+  virtual void free_device(void* memory, size_t bytes) = 0;  // bytes: as allocated
   // Host memory a copy lane reads or writes (page-locked on CUDA).
   virtual void* allocate_pinned(size_t bytes) = 0;
-  virtual void free_pinned(void* memory) = 0;
+  virtual void free_pinned(void* memory, size_t bytes) = 0;
   // Host-side work of the compute lane's thread (top-k, the exchange, initialisation).
   virtual ThreadPool& host_pool() = 0;
   virtual zf_device device() const = 0;
@@ -133,7 +133,7 @@ class PinnedBuffer {
         data_(bytes > 0 ? static_cast<uint8_t*>(backend->allocate_pinned(bytes)) : nullptr),
         bytes_(bytes) {}
   ~PinnedBuffer() {
-    if (data_ != nullptr) backend_->free_pinned(data_);
+    if (data_ != nullptr) backend_->free_pinned(data_, bytes_);
   }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;

@@ -168,7 +168,7 @@ void Engine::write_state(const zf_tensor* buffers, int64_t* counters, double* lo
     // an update) is saved as zeros, as are the selected columns' entries, which no
     // accumulate touches.
     const bool holds_window = window_.steps() > 0 && m.acc_fresh[window_.filling()] == 0;
-    const CacheLineVector<float>& acc = m.acc[window_.filling()];
+    const StreamedVector<float>& acc = m.acc[window_.filling()];
     if (parallel()) {  // the columns of other ranks: zeros
       for (size_t b = e; b < e + 8; ++b) std::memset(buffers[b].data, 0, static_cast<size_t>(numel(buffers[b])) * 4);
     }

@@ -19,12 +19,13 @@ void DeviceArena::attach(void* memory, size_t bytes) {
 bool DeviceArena::ensure(Backend& backend) {
   if (base_ != nullptr || bytes_ == 0) return false;
   base_ = static_cast<uint8_t*>(backend.allocate_device(bytes_));
+  allocated_bytes_ = bytes_;
   owned_ = true;
   return true;
 }
 
 void DeviceArena::free(Backend& backend) {
-  if (owned_ && base_ != nullptr) backend.free_device(base_);
+  if (owned_ && base_ != nullptr) backend.free_device(base_, allocated_bytes_);
   base_ = nullptr;
   owned_ = false;
 }

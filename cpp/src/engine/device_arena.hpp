@@ -31,6 +31,7 @@ class DeviceArena {
   uint8_t* base() const { return base_; }
   uint8_t* const* base_address() const { return &base_; }
   bool exists() const { return base_ != nullptr; }
+  bool owned() const { return owned_; }
 
   // The caller's block: at least bytes() bytes, 256-byte aligned, once, before any use
   // (zf::Error naming the argument otherwise; nothing changes then).
@@ -44,6 +45,7 @@ class DeviceArena {
  private:
   uint8_t* base_ = nullptr;
   size_t bytes_ = 0;
+  size_t allocated_bytes_ = 0;  // what ensure() asked the backend for (its free takes it back)
   bool owned_ = false;
 };
 

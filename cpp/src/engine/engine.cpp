@@ -371,7 +371,7 @@ void Engine::setup_buckets_and_memory() {
 
 void Engine::release_host_memory() {
   for (Matrix& m : matrices_) {
-    for (CacheLineVector<float>* v : m.host_arrays()) CacheLineVector<float>().swap(*v);
+    for (StreamedVector<float>* v : m.host_arrays()) StreamedVector<float>().swap(*v);
     std::vector<int32_t>().swap(m.steps);
   }
   ring_.release();
@@ -384,7 +384,7 @@ void Engine::ensure_host_memory() {
   if (host_memory_ready_) return;
   for (Matrix& m : matrices_) {
     const size_t elements = static_cast<size_t>(m.rows * m.own_cols);
-    for (CacheLineVector<float>* v : m.host_arrays()) v->assign(elements, 0.0f);
+    for (StreamedVector<float>* v : m.host_arrays()) v->assign(elements, 0.0f);
     m.steps.assign(static_cast<size_t>(m.own_cols), 0);
   }
   ring_.allocate(backend_.get());

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "common/aligned_vector.hpp"
+#include "common/host_memory.hpp"
 #include "common/thread_pool.hpp"
 #include "engine/backend.hpp"
 #include "engine/device_arena.hpp"
@@ -209,6 +209,10 @@ class Engine {
   // moments and accumulators, each staging slot's packed columns, each upload copy), once
   // the host memory exists.
   std::vector<const void*> host_stream_bases_for_testing() const;
+  // Testing: the blocks of host memory the engine allocated for the host lane to stream, as
+  // (start, bytes): each host state array (its capacity), the upload copies' buffer and, on a
+  // backend whose device memory is host memory, its allocated arena (the staging slots).
+  std::vector<std::pair<const void*, size_t>> host_stream_blocks_for_testing() const;
   // Testing: the buckets as [first matrix, last matrix), dtype, bytes with nothing selected.
   struct BucketSpan {
     size_t first, last;
@@ -257,10 +261,10 @@ class Engine {
     // with no gaps. Allocated for all [own_cols, rows]; a selection moves the columns that
     // stay deferred to their new places (relayout_deferred).
     // Each array starts on a cache line, as the staging slots and the upload copies do.
-    CacheLineVector<float> master, exp_avg, exp_avg_sq, acc[2];
+    StreamedVector<float> master, exp_avg, exp_avg_sq, acc[2];
     // The five arrays above, for what is done to each alike (allocate, release, account).
-    std::array<CacheLineVector<float>*, 5> host_arrays() { return {&master, &exp_avg, &exp_avg_sq, &acc[0], &acc[1]}; }
-    std::array<const CacheLineVector<float>*, 5> host_arrays() const {
+    std::array<StreamedVector<float>*, 5> host_arrays() { return {&master, &exp_avg, &exp_avg_sq, &acc[0], &acc[1]}; }
+    std::array<const StreamedVector<float>*, 5> host_arrays() const {
       return {&master, &exp_avg, &exp_avg_sq, &acc[0], &acc[1]};
     }
     // Per accumulator: 1 while it holds nothing of an open window (the next accumulate

@@ -334,6 +334,15 @@ std::vector<const void*> host_stream_bases(const zf_engine* engine) {
   return bases;
 }
 
+std::vector<std::pair<const void*, size_t>> host_stream_blocks(const zf_engine* engine) {
+  std::vector<std::pair<const void*, size_t>> blocks;
+  for (size_t d = 0; d < engine->engine.device_count(); ++d) {
+    const auto device = engine->engine.engine(d).host_stream_blocks_for_testing();
+    blocks.insert(blocks.end(), device.begin(), device.end());
+  }
+  return blocks;
+}
+
 void synchronize_backend(zf_engine* engine) {
   for (size_t d = 0; d < engine->engine.device_count(); ++d) engine->engine.engine(d).synchronize_backend();
 }

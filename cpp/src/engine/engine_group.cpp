@@ -56,8 +56,9 @@ zf_engine_stats add_stats(zf_engine_stats total, const zf_engine_stats& s) {
   // and reselections on every device with matrices); time and memory add up (the training
   // thread waits on each device in turn).
   using S = zf_engine_stats;
-  for (double S::*seconds : {&S::stall_seconds_window_close, &S::stall_seconds_back_pressure, &S::stall_seconds_flush,
-                             &S::stall_seconds_readback, &S::host_update_seconds, &S::accumulate_seconds})
+  for (double S::*seconds :
+       {&S::stall_seconds_window_close, &S::stall_seconds_back_pressure, &S::stall_seconds_flush,
+        &S::stall_seconds_readback, &S::host_update_seconds, &S::accumulate_seconds, &S::host_lane_wait_seconds})
     total.*seconds += s.*seconds;
   for (int64_t S::*bytes :
        {&S::bytes_down, &S::bytes_up, &S::device_state_bytes, &S::host_state_bytes, &S::device_bytes,

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "common/error.hpp"
+#include "common/host_memory.hpp"
 
 namespace zf {
 
@@ -87,12 +88,28 @@ void HostBackend::set_stream(zf_stream stream) {
           "stream: the engine's parameters are CPU tensors (host backend), which has no streams; pass NULL");
 }
 
+namespace {
+// The "device" memory of the host backend is the host lane's (its staging slots and upload
+// copies are read in place): streamed memory (common/host_memory.hpp), 256-byte aligned as
+// CUDA's allocations are, with 256 bytes of slack past the end.
+size_t arena_allocation_bytes(size_t bytes) { return (bytes + 255) / 256 * 256 + 256; }
+}  // namespace
+
 void* HostBackend::allocate_device(size_t bytes) {
-  void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  if (memory == nullptr) throw std::bad_alloc();
-  return memory;
+  const size_t allocation = arena_allocation_bytes(bytes);
+  // A small arena through operator new: a streamed block that small is only on a cache line.
+  if (allocation >= kHugePageBytes) return allocate_streamed(allocation);
+  return ::operator new (allocation, std::align_val_t{256});
 }
 
-void HostBackend::free_device(void* memory) { std::free(memory); }
+void HostBackend::free_device(void* memory, size_t bytes) {
+  if (memory == nullptr) return;
+  const size_t allocation = arena_allocation_bytes(bytes);
+  if (allocation >= kHugePageBytes) {
+    free_streamed(memory, allocation);
+  } else {
+    ::operator delete (memory, std::align_val_t{256});
+  }
+}
 
 }  // namespace zf

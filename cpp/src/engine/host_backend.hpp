@@ -43,9 +43,9 @@ class HostBackend final : public Backend {
   bool host_visible() const override { return true; }
   void set_stream(zf_stream stream) override;
   void* allocate_device(size_t bytes) override;
-  void free_device(void* memory) override;
+  void free_device(void* memory, size_t bytes) override;
   void* allocate_pinned(size_t bytes) override { return allocate_device(bytes); }
-  void free_pinned(void* memory) override { free_device(memory); }
+  void free_pinned(void* memory, size_t bytes) override { free_device(memory, bytes); }
   ThreadPool& host_pool() override { return pool_; }
   zf_device device() const override { return zf_device{ZF_DEVICE_CPU, 0}; }
 

@@ -31,6 +31,20 @@ void HostLane::raise_injected_fault() {
   throw Error(ZF_ERROR_INTERNAL, message);
 }
 
+namespace {
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+void HostLane::wait(const std::function<void()>& wait_for_copy) {
+  const auto start = std::chrono::steady_clock::now();
+  wait_for_copy();  // a throw fails the chunk, whose time is not counted
+  chunk_wait_ns_ += nanoseconds_since(start);
+}
+
 WorkQueue::Chunk HostLane::timed(WorkQueue::Chunk chunk, std::atomic<int64_t>* counter) {
   return [this, chunk = std::move(chunk), counter](ThreadPool& pool) {
     if (!thread_prepared_) {
@@ -38,11 +52,12 @@ WorkQueue::Chunk HostLane::timed(WorkQueue::Chunk chunk, std::atomic<int64_t>* c
       thread_prepared_ = true;
     }
     raise_injected_fault();
+    chunk_wait_ns_ = 0;
     const auto start = std::chrono::steady_clock::now();
     chunk(pool);
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-    counter->fetch_add(ns, std::memory_order_relaxed);
+    const int64_t waited = chunk_wait_ns_;
+    counter->fetch_add(nanoseconds_since(start) - waited, std::memory_order_relaxed);
+    wait_ns_.fetch_add(waited, std::memory_order_relaxed);
   };
 }
 

@@ -235,7 +235,7 @@ void Engine::relayout_deferred(Matrix& m, const std::vector<int32_t>& old_own_se
   // One array per thread (the moves of one array depend on their order; the arrays do not on
   // each other). The count of a column moves with it.
   const auto rows = static_cast<size_t>(m.rows);
-  CacheLineVector<float>* arrays[3] = {&m.master, &m.exp_avg, &m.exp_avg_sq};
+  StreamedVector<float>* arrays[3] = {&m.master, &m.exp_avg, &m.exp_avg_sq};
   backend_->host_pool().run([&](int index, int count) {
     for (int a = index; a < 3; a += count) {
       float* data = arrays[a]->data();

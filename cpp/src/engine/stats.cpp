@@ -41,13 +41,14 @@ zf_engine_stats Engine::stats() const {
   s.host_lane_bytes_written = host_bytes_written_.load(std::memory_order_relaxed);
   s.held_gradient_bytes_peak = held_gradient_bytes_peak_;
   s.synchronous_start_steps = schedule_.warm_up_steps();
+  s.host_lane_wait_seconds = lane_->wait_seconds();
   return s;
 }
 
 size_t Engine::host_memory_capacity() const {
   size_t bytes = ring_.pinned_capacity() + upload_.size() + scalar_readback_.host_capacity();
   for (const Matrix& m : matrices_) {
-    for (const CacheLineVector<float>* v : m.host_arrays()) bytes += v->capacity() * sizeof(float);
+    for (const StreamedVector<float>* v : m.host_arrays()) bytes += v->capacity() * sizeof(float);
     bytes += m.steps.capacity() * sizeof(int32_t);
   }
   return bytes;
@@ -56,12 +57,23 @@ size_t Engine::host_memory_capacity() const {
 std::vector<const void*> Engine::host_stream_bases_for_testing() const {
   std::vector<const void*> bases;
   for (const Matrix& m : matrices_) {
-    for (const CacheLineVector<float>* v : m.host_arrays())
+    for (const StreamedVector<float>* v : m.host_arrays())
       if (!v->empty()) bases.push_back(v->data());
   }
   for (size_t slot = 0; slot < ring_.host_slots(); ++slot) bases.push_back(ring_.host_slot(slot) + kSlotHeaderBytes);
   for (int copy = 0; copy < upload_copies_ && upload_.data() != nullptr; ++copy) bases.push_back(upload_copy(copy));
   return bases;
+}
+
+std::vector<std::pair<const void*, size_t>> Engine::host_stream_blocks_for_testing() const {
+  std::vector<std::pair<const void*, size_t>> blocks;
+  for (const Matrix& m : matrices_) {
+    for (const StreamedVector<float>* v : m.host_arrays())
+      if (v->capacity() > 0) blocks.emplace_back(v->data(), v->capacity() * sizeof(float));
+  }
+  if (upload_.data() != nullptr) blocks.emplace_back(upload_.data(), upload_.size());
+  if (backend_->host_visible() && arena_.exists() && arena_.owned()) blocks.emplace_back(arena_.base(), arena_.bytes());
+  return blocks;
 }
 
 void Engine::column_counts(int64_t* selected, int64_t* columns) const {

@@ -492,8 +492,11 @@ std::shared_ptr<WorkJob> Engine::submit_slot_accumulate(Bucket& b, size_t slot, 
   const int acc = window_.filling();
   Backend* backend = backend_.get();
   const int64_t pass_elements = host_deferred_elements_;
-  return lane_->submit_accumulate([this, &b, host_slot, acc, backend, copied, pass_elements](ThreadPool& pool) {
-    backend->host_wait(copied);
+  // The lane, not lane_: the engine's destructor nulls lane_ before the lane lets its
+  // running chunk finish.
+  HostLane* lane = lane_.get();
+  return lane_->submit_accumulate([this, &b, host_slot, acc, backend, lane, copied, pass_elements](ThreadPool& pool) {
+    lane->wait([&] { backend->host_wait(copied); });
     SlotHeader h;
     std::memcpy(&h, host_slot, sizeof(h));
     if (h.skip) return;
@@ -1023,6 +1026,7 @@ void Engine::start_update(bool fused) {
   Backend* backend = backend_.get();
   const Event uploaded = window_.uploaded(buffer);  // its last result is copied up until then
   const int64_t pass_elements = host_deferred_elements_;
+  HostLane* lane = lane_.get();  // as in submit_slot_accumulate
   for (Bucket& b : buckets_) {
     const zf_dtype out_dtype = b.dtype;
     for (UpdateGroup& update : b.update_groups) {
@@ -1039,14 +1043,14 @@ void Engine::start_update(bool fused) {
       }
       uint8_t* out = upload_copy(buffer) + update.upload_offset;
       chunks.push_back([this, &update, acc, scale, lrs = std::move(lrs), wds = std::move(wds), span, out, out_dtype,
-                        hparams, backend, uploaded, header, header_copied, pass_elements](ThreadPool& pool) {
-        backend->host_wait(uploaded);
+                        hparams, backend, lane, uploaded, header, header_copied, pass_elements](ThreadPool& pool) {
+        lane->wait([&] { backend->host_wait(uploaded); });
         AdamRunValues values{lrs.data(), wds.data(), hparams, scale, ZF_CPU_ADAMW_INCREMENT_STEPS};
         values.step_span = span;
         values.pass_elements = pass_elements;
         SlotHeader h{};
         if (header != nullptr) {
-          backend->host_wait(header_copied);
+          lane->wait([&] { backend->host_wait(header_copied); });
           std::memcpy(&h, header, sizeof(h));
         }
         const bool fuse = header != nullptr && !h.skip;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.hpp"
@@ -29,6 +30,9 @@ size_t host_memory_capacity(const zf_engine* engine);
 // Where every host array the host lanes stream starts (Engine::host_stream_bases_for_testing),
 // over the engine's devices.
 std::vector<const void*> host_stream_bases(const zf_engine* engine);
+// The blocks of host memory the engine allocated for its host lanes to stream
+// (Engine::host_stream_blocks_for_testing), over the engine's devices, as (start, bytes).
+std::vector<std::pair<const void*, size_t>> host_stream_blocks(const zf_engine* engine);
 // The engine's staging buckets: [first, last) in matrix order (matrices are the
 // parameters with ndim >= 2 outside dense groups, in parameter order), dtype, and the
 // packed bytes of a bucket with nothing selected.

@@ -175,6 +175,7 @@ py::dict stats_dict(const zf_engine_stats& s) {
   out["host_lane_bytes_written"] = s.host_lane_bytes_written;
   out["held_gradient_bytes_peak"] = s.held_gradient_bytes_peak;
   out["synchronous_start_steps"] = s.synchronous_start_steps;
+  out["host_lane_wait_seconds"] = s.host_lane_wait_seconds;
   return out;
 }
 
