@@ -44,6 +44,11 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               windows of (window's GB/s / roof's GB/s then); the fast state's column takes
               the steady windows whose roof is FAST_STATE_ROOF times the run's slowest or
               more. --per-window saves every window and its passes.
+  per pass    a second table: each pass kind (a window's first accumulate, the other
+              accumulates, the update) against its own roof, medians over its steady passes
+              in the slow and the fast state, so that a window short of its roof names the
+              pass that is (a pass is fast when its roof is FAST_STATE_ROOF times the run's
+              slowest steady roof of the same shape or more).
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
@@ -80,6 +85,17 @@ def window_passes(dtype_name: str, interval: int) -> list:
     first = ("accumulate", [g, ("float32", "write")])
     middle = ("accumulate", [g, ("float32", "read_write")])
     return [first] + [middle] * (interval - 2) + [("update", [u, ("float32", "read"), *state])]
+
+
+def pass_kind(phase: str, index: int) -> str:
+    """A pass's name in the per-pass table: a window's first accumulate writes A without
+    reading it (its own shape and roof), the others read it."""
+    if phase == "update":
+        return "update"
+    return "first accumulate" if index == 0 else "accumulate"
+
+
+PASS_KINDS = ("first accumulate", "accumulate", "update")
 
 
 def pass_bytes(streams: list, deferred: int) -> int:
@@ -250,11 +266,12 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
                 "passes": [
                     {
                         "phase": p["phase"],
+                        "pass": pass_kind(p["phase"], index),
                         "gbs": p["bytes"] / p["seconds"] / 1e9,
                         "roof_before_gbs": p["roof_before"],
                         "roof_after_gbs": p["roof_after"],
                     }
-                    for p in window_steps
+                    for index, p in enumerate(window_steps)
                 ],
             }
         )
@@ -285,6 +302,30 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
         "gbs": moved / seconds / 1e9,
         "deferred": deferred,
     }
+
+
+def pass_fractions(rows: list) -> list:
+    """Per row, per pass kind, the fractions of their own roof of the steady passes (two roofs
+    within STEADY_ROOF_SPREAD), in the slow and the fast state. A pass is fast when its roof
+    is at least FAST_STATE_ROOF times the slowest steady roof of the same pass shape in the
+    run (shapes differ in roof: the first accumulate's is the lowest)."""
+    steady = []  # (row, kind, shape, roof, fraction)
+    for row, (name, interval, _, idle, _) in enumerate(rows):
+        for window in idle["per_window"]:
+            for p in window["passes"]:
+                low, high = sorted((p["roof_before_gbs"], p["roof_after_gbs"]))
+                if high / low > STEADY_ROOF_SPREAD:
+                    continue
+                roof = (low + high) / 2
+                shape = (name, p["pass"], interval == 1)  # S = 1's update has no A
+                steady.append((row, p["pass"], shape, roof, p["gbs"] / roof))
+    slowest = {}
+    for _, _, shape, roof, _ in steady:
+        slowest[shape] = min(roof, slowest.get(shape, roof))
+    result = [{kind: ([], []) for kind in PASS_KINDS} for _ in rows]
+    for row, kind, shape, roof, fraction in steady:
+        result[row][kind][roof >= FAST_STATE_ROOF * slowest[shape]].append(fraction)
+    return result
 
 
 def main() -> None:
@@ -409,6 +450,28 @@ def main() -> None:
             f"\nLane throughput, {label}: {min(ratios):.0%} to {max(ratios):.0%} "
             f"(median {statistics.median(ratios):.0%})."
         )
+    # Where a window falls short, which pass: each against its own roof, by memory state.
+    lines += [
+        "",
+        "Each pass of the device-side-idle run against its own roof: medians over the passes "
+        f"whose two roofs agree within {STEADY_ROOF_SPREAD - 1:.0%} (their count), slow / fast "
+        f"state (a pass is fast when its roof is at least {FAST_STATE_ROOF}x the slowest steady "
+        "roof of its shape in the run).",
+        "",
+        "| gradient and weights | S | "
+        + " | ".join(f"{kind}: slow / fast" for kind in PASS_KINDS)
+        + " |",
+        "|---|---:|" + "---|" * len(PASS_KINDS),
+    ]
+
+    def median_of(fractions):
+        if not fractions:
+            return "-"
+        return f"{statistics.median(fractions):.0%} ({len(fractions)})"
+
+    for (name, interval, *_), kinds in zip(rows, pass_fractions(rows)):
+        cells = [f"{median_of(slow)} / {median_of(fast)}" for slow, fast in kinds.values()]
+        lines.append(f"| {name} | {interval} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.write:
