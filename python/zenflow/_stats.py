@@ -47,7 +47,14 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"back-pressure {1e3 * stats.get('stall_seconds_back_pressure', 0.0):.1f}, "
         f"flush {1e3 * stats.get('stall_seconds_flush', 0.0):.1f}, "
         f"readback {1e3 * stats.get('stall_seconds_readback', 0.0):.1f})",
-        f"host update {stats.get('host_update_seconds', 0.0):.2f} s",
+        f"host update {stats.get('host_update_seconds', 0.0):.2f} s"
+        # The lane's jobs waiting for copies (CUDA: transfers still in flight), apart from
+        # the passes' time; the host backend's copies are done when issued.
+        + (
+            f" (waiting for copies {stats['host_lane_wait_seconds']:.2f} s)"
+            if stats.get("host_lane_wait_seconds", 0.0) >= 0.005
+            else ""
+        ),
         f"down {size(stats.get('bytes_down', 0))} up {size(stats.get('bytes_up', 0))}",
         f"state device {size(stats.get('device_state_bytes', 0))} host {size(stats.get('host_state_bytes', 0))}",
     ]

@@ -1196,6 +1196,9 @@ def test_stats_and_format_stats():
     assert stats["last_global_norm"] > 0.1
     line = zenflow.format_stats(stats)
     assert "\n" not in line and "step 7" in line and "stall" in line
+    assert "waiting for copies" not in line  # the host backend's copies are done when issued
+    waited = zenflow.format_stats({**stats, "host_lane_wait_seconds": 1.25})
+    assert "(waiting for copies 1.25 s)" in waited
 
 
 # ---- a HuggingFace-style loop ----
