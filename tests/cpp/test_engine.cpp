@@ -586,6 +586,13 @@ TEST(HostMemory, EveryBlockStartsOnALineAndALargeOneOnAHugePage) {
     zf::free_streamed(p, bytes);
   }
   zf::free_streamed(nullptr, huge);
+  // A wider alignment (the host backend's arena takes CUDA's 256 bytes), small and large.
+  for (size_t bytes : {size_t{1}, size_t{4096} + 3, huge + 256}) {
+    void* p = zf::allocate_streamed(bytes, 256);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << bytes;
+    std::memset(p, 7, bytes);
+    zf::free_streamed(p, bytes, 256);
+  }
 }
 
 // The advice shows in /proc/self/smaps ("THPeligible: 1" for the mapping that holds the

@@ -38,8 +38,9 @@ bool mapped_on_its_own(size_t bytes) {
 
 }  // namespace
 
-void* allocate_streamed(size_t bytes) {
-  if (!mapped_on_its_own(bytes)) return ::operator new (bytes, std::align_val_t{kCacheLineBytes});
+void* allocate_streamed(size_t bytes, size_t alignment) {
+  // A block mapped on its own starts on a huge page, which is aligned to any `alignment`.
+  if (!mapped_on_its_own(bytes)) return ::operator new (bytes, std::align_val_t{alignment});
 #if defined(__linux__)
   // Map a huge page more than needed, keep the stretch that starts on a huge page and give the
   // rest back: the block's start is then the first byte of a huge page.
@@ -62,10 +63,10 @@ void* allocate_streamed(size_t bytes) {
 #endif
 }
 
-void free_streamed(void* memory, size_t bytes) noexcept {
+void free_streamed(void* memory, size_t bytes, size_t alignment) noexcept {
   if (memory == nullptr) return;
   if (!mapped_on_its_own(bytes)) {
-    ::operator delete (memory, std::align_val_t{kCacheLineBytes});
+    ::operator delete (memory, std::align_val_t{alignment});
     return;
   }
 #if defined(__linux__)

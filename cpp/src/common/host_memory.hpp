@@ -33,10 +33,12 @@ namespace zf {
 constexpr size_t kCacheLineBytes = 64;
 constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-// `bytes` of host memory as above; throws std::bad_alloc. bytes == 0 gives a unique pointer.
-void* allocate_streamed(size_t bytes);
-// Frees a block of allocate_streamed with the same `bytes`. nullptr is ignored.
-void free_streamed(void* memory, size_t bytes) noexcept;
+// `bytes` of host memory as above, starting on a multiple of `alignment` (a power of two
+// from kCacheLineBytes to kHugePageBytes; the host backend's arena takes CUDA's 256); throws
+// std::bad_alloc. bytes == 0 gives a unique pointer.
+void* allocate_streamed(size_t bytes, size_t alignment = kCacheLineBytes);
+// Frees a block of allocate_streamed with the same `bytes` and `alignment`. nullptr is ignored.
+void free_streamed(void* memory, size_t bytes, size_t alignment = kCacheLineBytes) noexcept;
 
 template <class T>
 struct StreamedAllocator {

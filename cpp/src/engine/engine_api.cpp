@@ -325,22 +325,25 @@ size_t host_memory_capacity(const zf_engine* engine) {
   return bytes;
 }
 
-std::vector<const void*> host_stream_bases(const zf_engine* engine) {
-  std::vector<const void*> bases;
+namespace {
+// One engine's list (a testing hook of Engine) over the group's devices, device by device.
+template <class Item>
+std::vector<Item> over_devices(const zf_engine* engine, std::vector<Item> (Engine::*list)() const) {
+  std::vector<Item> all;
   for (size_t d = 0; d < engine->engine.device_count(); ++d) {
-    const std::vector<const void*> device = engine->engine.engine(d).host_stream_bases_for_testing();
-    bases.insert(bases.end(), device.begin(), device.end());
+    const std::vector<Item> device = (engine->engine.engine(d).*list)();
+    all.insert(all.end(), device.begin(), device.end());
   }
-  return bases;
+  return all;
+}
+}  // namespace
+
+std::vector<const void*> host_stream_bases(const zf_engine* engine) {
+  return over_devices(engine, &Engine::host_stream_bases_for_testing);
 }
 
 std::vector<std::pair<const void*, size_t>> host_stream_blocks(const zf_engine* engine) {
-  std::vector<std::pair<const void*, size_t>> blocks;
-  for (size_t d = 0; d < engine->engine.device_count(); ++d) {
-    const auto device = engine->engine.engine(d).host_stream_blocks_for_testing();
-    blocks.insert(blocks.end(), device.begin(), device.end());
-  }
-  return blocks;
+  return over_devices(engine, &Engine::host_stream_blocks_for_testing);
 }
 
 void synchronize_backend(zf_engine* engine) {

@@ -1,8 +1,6 @@
 #include "engine/host_backend.hpp"
 
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "common/error.hpp"
 #include "common/host_memory.hpp"
@@ -92,24 +90,18 @@ namespace {
 // The "device" memory of the host backend is the host lane's (its staging slots and upload
 // copies are read in place): streamed memory (common/host_memory.hpp), 256-byte aligned as
 // CUDA's allocations are, with 256 bytes of slack past the end.
-size_t arena_allocation_bytes(size_t bytes) { return (bytes + 255) / 256 * 256 + 256; }
+constexpr size_t kDeviceAlignment = 256;
+size_t arena_allocation_bytes(size_t bytes) {
+  return (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment + kDeviceAlignment;
+}
 }  // namespace
 
 void* HostBackend::allocate_device(size_t bytes) {
-  const size_t allocation = arena_allocation_bytes(bytes);
-  // A small arena through operator new: a streamed block that small is only on a cache line.
-  if (allocation >= kHugePageBytes) return allocate_streamed(allocation);
-  return ::operator new (allocation, std::align_val_t{256});
+  return allocate_streamed(arena_allocation_bytes(bytes), kDeviceAlignment);
 }
 
 void HostBackend::free_device(void* memory, size_t bytes) {
-  if (memory == nullptr) return;
-  const size_t allocation = arena_allocation_bytes(bytes);
-  if (allocation >= kHugePageBytes) {
-    free_streamed(memory, allocation);
-  } else {
-    ::operator delete (memory, std::align_val_t{256});
-  }
+  free_streamed(memory, arena_allocation_bytes(bytes), kDeviceAlignment);
 }
 
 }  // namespace zf
