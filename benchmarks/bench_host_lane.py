@@ -72,30 +72,27 @@ from zenflow import _C
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+PASS_KINDS = ("first accumulate", "accumulate", "update")
+
+
 def window_passes(dtype_name: str, interval: int) -> list:
-    """The streams of each step's host pass in a window of `interval` steps, in step order,
-    with the pass's phase: the first accumulate (g read, A written), the others (g read, A
-    read and written), the closing step's fused update (U read and written, A read, master,
-    m, v read and written; no A at S = 1)."""
+    """The kind and streams of each step's host pass in a window of `interval` steps, in step
+    order: the first accumulate (g read, A written, without reading it), the others (g read,
+    A read and written), the closing step's fused update (U read and written, A read,
+    master, m, v read and written; no A at S = 1)."""
     g = ("bfloat16", "read") if dtype_name == "bfloat16" else ("float32", "read")
     u = (dtype_name, "read_write")
     state = [("float32", "read_write")] * 3  # master, m, v
     if interval == 1:
         return [("update", [u, *state])]
-    first = ("accumulate", [g, ("float32", "write")])
+    first = ("first accumulate", [g, ("float32", "write")])
     middle = ("accumulate", [g, ("float32", "read_write")])
     return [first] + [middle] * (interval - 2) + [("update", [u, ("float32", "read"), *state])]
 
 
-def pass_kind(phase: str, index: int) -> str:
-    """A pass's name in the per-pass table: a window's first accumulate writes A without
-    reading it (its own shape and roof), the others read it."""
-    if phase == "update":
-        return "update"
-    return "first accumulate" if index == 0 else "accumulate"
-
-
-PASS_KINDS = ("first accumulate", "accumulate", "update")
+def phase_of(kind: str) -> str:
+    """Which of the engine's lane timers times a pass kind: the update's or the accumulates'."""
+    return "update" if kind == "update" else "accumulate"
 
 
 def pass_bytes(streams: list, deferred: int) -> int:
@@ -113,6 +110,11 @@ def stream_roof_gbs(streams: list, deferred: int, threads: int) -> float:
 # passes vary by a few percent.
 STEADY_ROOF_SPREAD = 1.10
 FAST_STATE_ROOF = 1.25
+
+
+def roofs_agree(before: float, after: float) -> bool:
+    """The memory stayed in one state through a pass: its two roofs within STEADY_ROOF_SPREAD."""
+    return max(before, after) / min(before, after) <= STEADY_ROOF_SPREAD
 
 
 def fractions_of_roof(windows: list) -> dict:
@@ -181,7 +183,8 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     last = before
     measured = None  # (streams, GB/s) of the last roof timed, reused for the next bracket
     for t in range(args.windows * interval):
-        phase, streams = passes[t % interval]
+        kind, streams = passes[t % interval]
+        phase = phase_of(kind)
         if settle > 0:
             if measured is None or measured[0] != streams:
                 measured = (streams, stream_roof_gbs(streams, deferred, args.threads))
@@ -197,6 +200,7 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
         steps.append(
             {
                 "phase": phase,
+                "pass": kind,
                 "bytes": pass_bytes(streams, deferred),
                 "seconds": now[key] - last[key],
                 "roof_before": roof_before,
@@ -249,11 +253,7 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
             )
             roof[key] = sum(p["bytes"] for p in chosen) / at_roof / 1e9
             fraction[key] = at_roof / sum(p["seconds"] for p in chosen)
-        spread = max(
-            max(p["roof_before"], p["roof_after"]) / min(p["roof_before"], p["roof_after"])
-            for p in window_steps
-        )
-        is_steady = spread <= STEADY_ROOF_SPREAD
+        is_steady = all(roofs_agree(p["roof_before"], p["roof_after"]) for p in window_steps)
         if is_steady:
             steady_roofs.append(roof)
         per_window.append(
@@ -266,12 +266,12 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
                 "passes": [
                     {
                         "phase": p["phase"],
-                        "pass": pass_kind(p["phase"], index),
+                        "pass": p["pass"],
                         "gbs": p["bytes"] / p["seconds"] / 1e9,
                         "roof_before_gbs": p["roof_before"],
                         "roof_after_gbs": p["roof_after"],
                     }
-                    for index, p in enumerate(window_steps)
+                    for p in window_steps
                 ],
             }
         )
@@ -313,10 +313,9 @@ def pass_fractions(rows: list) -> list:
     for row, (name, interval, _, idle, _) in enumerate(rows):
         for window in idle["per_window"]:
             for p in window["passes"]:
-                low, high = sorted((p["roof_before_gbs"], p["roof_after_gbs"]))
-                if high / low > STEADY_ROOF_SPREAD:
+                if not roofs_agree(p["roof_before_gbs"], p["roof_after_gbs"]):
                     continue
-                roof = (low + high) / 2
+                roof = (p["roof_before_gbs"] + p["roof_after_gbs"]) / 2
                 shape = (name, p["pass"], interval == 1)  # S = 1's update has no A
                 steady.append((row, p["pass"], shape, roof, p["gbs"] / roof))
     slowest = {}
