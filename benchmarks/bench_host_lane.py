@@ -50,6 +50,11 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               pass that is (a pass is fast when its roof is FAST_STATE_ROOF times the run's
               slowest steady roof of the same shape or more).
 
+  --busy N    N processes spinning on the CPU through the whole run, roofs included: the
+              lane sharing its cores with the training loop's threads or another job (a
+              pass's threads take blocks from a share whose thread lost its core,
+              ThreadPool::run_blocks)
+
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
 """
@@ -62,6 +67,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -361,16 +368,29 @@ def main() -> None:
         "GB/s with the roofs timed before and after it) here, as JSON: the memory's state per "
         "pass",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes spinning on the CPU for the whole run (roofs included): the training "
+        "loop's own threads, or another job, on the lane's cores",
+    )
     args = parser.parse_args()
 
     elements = args.matrices * args.rows * args.cols
     rows = []
-    for name in args.dtypes:
-        for interval in args.intervals:
-            result = run(name, interval, args, 0.0)
-            idle = run(name, interval, args, args.settle)
-            roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
-            rows.append((name, interval, result, idle, roof))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        for name in args.dtypes:
+            for interval in args.intervals:
+                result = run(name, interval, args, 0.0)
+                idle = run(name, interval, args, args.settle)
+                roof = roof_gbs(elements, args.threads, 5)  # the same run, right after
+                rows.append((name, interval, result, idle, roof))
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
     # The memory's fast state, where there is one: steady windows whose roof is at least
     # FAST_STATE_ROOF times the slowest steady window's of the run (the states are 1.5-1.9x
     # apart on the VM that showed two; a machine with one state has no fast windows).
@@ -384,7 +404,9 @@ def main() -> None:
         f"`python benchmarks/bench_host_lane.py`: {args.matrices} matrices [{args.rows}, {args.cols}], "
         f"topk_ratio {args.topk}, {args.windows} windows after a warm-up window, overlap off, "
         f"{args.threads} host-lane threads, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, torch {torch.__version__}. Bytes per deferred element per window "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+        + (f", {args.busy} busy processes beside" if args.busy else "")
+        + ". Bytes per deferred element per window "
         "(step counts excluded); the roof is torch's best of copy and triad on as many threads, "
         "measured right after each row; in the device-side-idle run each step's pass is "
         "bracketed by its shape's roof, timed right before the step and right after its pause, "
