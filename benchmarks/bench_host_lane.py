@@ -18,8 +18,9 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
   floor       issue 29's target, 10(S-1) + 28 for bf16
   GB/s        counted bytes / the lane's seconds, two ways: pipelined (each step follows the
               last at once, as in training) and with the device side idle (a pause of
-              --settle seconds after each step, so that the lane's accumulates finish
-              before the next step's device-side work starts). On the host backend the
+              --settle seconds after each step, and past it until the lane has counted the
+              pass's bytes, so that the lane's pass finishes before the next step's
+              device-side work starts). On the host backend the
               "device" is this CPU: pipelined, the next step's packing and copies run on the
               same cores and memory as the lane's accumulates and slow them; on a GPU they
               are the GPU's and the copy engine's. The second figure is the lane's own rate.
@@ -105,6 +106,23 @@ def phase_of(kind: str) -> str:
 def pass_bytes(streams: list, deferred: int) -> int:
     size = {"float32": 4, "bfloat16": 2}
     return deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
+
+
+def stats_after_pass(engine, before: dict, moved_bytes: int, timeout: float = 60.0) -> dict:
+    """The engine's stats once its lane has counted `moved_bytes` since `before`: a pass that
+    outlasts the pause (a busy machine, --busy) is then timed whole, not split across two
+    steps (the update's chunks each add their time as they end)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = engine.stats()
+        moved = sum(now[k] - before[k] for k in ("host_lane_bytes_read", "host_lane_bytes_written"))
+        if moved >= moved_bytes:
+            return now
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the host lane counted {moved} of a pass's {moved_bytes} bytes in {timeout} s"
+            )
+        time.sleep(0.002)
 
 
 def stream_roof_gbs(streams: list, deferred: int, threads: int) -> float:
@@ -200,7 +218,7 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
         if settle <= 0:
             continue
         time.sleep(settle)
-        now = engine.stats()
+        now = stats_after_pass(engine, last, pass_bytes(streams, deferred))
         key = "host_update_seconds" if phase == "update" else "accumulate_seconds"
         roof_after = stream_roof_gbs(streams, deferred, args.threads)
         measured = (streams, roof_after)
