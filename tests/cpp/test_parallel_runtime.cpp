@@ -118,20 +118,6 @@ TEST(ParallelRuntime, EveryThreadIndexRunsOnceWhenTheTeamIsSmaller) {
   }
 }
 
-TEST(ParallelRuntime, RunBlocksRunsEveryBlockOnceWhateverTheTeam) {
-  for (int team_size : {1, 2, 3, 5}) {
-    ThreadTeam team;
-    team.team_size = team_size;
-    zf::ThreadPool pool(zf::ParallelRuntime{&ThreadTeam::run, &team}, 5);
-    std::vector<std::atomic<int>> hits(203);
-    for (int round = 0; round < 10; ++round) {
-      pool.run_blocks(static_cast<int64_t>(hits.size()), [&](int64_t block) { hits[static_cast<size_t>(block)]++; });
-    }
-    for (auto& h : hits) EXPECT_EQ(h.load(), 10) << "team size " << team_size;
-    EXPECT_EQ(team.regions.load(), 10);
-  }
-}
-
 TEST(ParallelRuntime, TaskErrorsReachTheCallerAndNestedRegionsRunInline) {
   ThreadTeam team;
   zf::ThreadPool pool(zf::ParallelRuntime{&ThreadTeam::run, &team}, 3);

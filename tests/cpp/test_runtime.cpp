@@ -3,16 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "common/float_convert.hpp"
 #include "common/thread_pool.hpp"
@@ -75,81 +72,6 @@ TEST(ThreadPool, SplitRangeCoversEverythingOnce) {
       EXPECT_EQ(expected_begin, total);
     }
   }
-}
-
-TEST(ThreadPool, RunBlocksRunsEveryBlockOnce) {
-  for (int threads : {1, 2, 3, 7}) {
-    zf::ThreadPool pool(threads);
-    for (int64_t blocks : {0, 1, 2, 5, 64, 1001}) {
-      SCOPED_TRACE(std::to_string(threads) + " threads, " + std::to_string(blocks) + " blocks");
-      std::vector<std::atomic<int>> hits(static_cast<size_t>(blocks));
-      for (int round = 0; round < 20; ++round) {
-        pool.run_blocks(blocks, [&](int64_t block) {
-          ASSERT_GE(block, 0);
-          ASSERT_LT(block, blocks);
-          hits[static_cast<size_t>(block)]++;
-        });
-      }
-      for (auto& h : hits) EXPECT_EQ(h.load(), 20);
-    }
-  }
-}
-
-// The point of run_blocks: a thread that falls behind does not hold the region up. The
-// worker's first block waits until the caller has run a block of the worker's own share
-// (which it can only do by taking it from the share's back once its own share is done):
-// without that, the wait times out and the test fails, so no timing decides the outcome.
-TEST(ThreadPool, RunBlocksLetsAFreeThreadTakeASlowThreadsBlocks) {
-  zf::ThreadPool pool(2);
-  constexpr int64_t kBlocks = 40;  // blocks [20, 40) are the worker's share
-  const std::thread::id caller = std::this_thread::get_id();
-  std::atomic<bool> caller_took_a_worker_block{false};
-  std::atomic<int> caller_blocks{0};
-  std::atomic<bool> worker_waited_in_vain{false};
-  std::vector<std::atomic<int>> hits(kBlocks);
-  std::atomic<bool> worker_started{false};
-  pool.run_blocks(kBlocks, [&](int64_t block) {
-    hits[static_cast<size_t>(block)]++;
-    if (std::this_thread::get_id() == caller) {
-      caller_blocks++;
-      if (block >= kBlocks / 2) caller_took_a_worker_block = true;
-      return;
-    }
-    if (worker_started.exchange(true)) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!caller_took_a_worker_block && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    worker_waited_in_vain = !caller_took_a_worker_block;
-  });
-  EXPECT_FALSE(worker_waited_in_vain.load());
-  EXPECT_GT(caller_blocks.load(), kBlocks / 2);
-  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
-}
-
-TEST(ThreadPool, RunBlocksInsideARegionRunsInOrderOnTheCallingThread) {
-  zf::ThreadPool pool(3);
-  std::vector<std::vector<int64_t>> order(3);
-  pool.run([&](int index, int) {
-    const std::thread::id self = std::this_thread::get_id();
-    pool.run_blocks(9, [&](int64_t block) {
-      EXPECT_EQ(std::this_thread::get_id(), self);
-      order[static_cast<size_t>(index)].push_back(block);
-    });
-  });
-  for (const auto& blocks : order) EXPECT_EQ(blocks, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
-}
-
-TEST(ThreadPool, RunBlocksErrorReachesTheCallerAndThePoolStaysUsable) {
-  zf::ThreadPool pool(3);
-  EXPECT_THROW(pool.run_blocks(30,
-                               [](int64_t block) {
-                                 if (block == 17) throw std::runtime_error("block 17 failed");
-                               }),
-               std::runtime_error);
-  std::atomic<int> ran{0};
-  pool.run_blocks(30, [&](int64_t) { ran++; });
-  EXPECT_EQ(ran.load(), 30);
 }
 
 // Resizing the pool while another thread runs kernels on it neither crashes nor hangs:

@@ -220,56 +220,6 @@ void ThreadPool::run(const std::function<void(int, int)>& task) {
   }
 }
 
-namespace {
-
-// A thread's share of run_blocks: the blocks [front, back) not yet taken, in one word so that
-// its owner (taking the front) and a thief (taking the back) claim with one compare-exchange.
-// One per cache line: the owner claims every block, and its line should stay its own.
-struct alignas(64) BlockShare {
-  std::atomic<uint64_t> range{0};
-
-  static uint64_t pack(int64_t front, int64_t back) {
-    return (static_cast<uint64_t>(front) << 32) | static_cast<uint64_t>(back);
-  }
-  // The front block (owner) or the back one (thief), or -1 when none is left.
-  int64_t take(bool front) {
-    uint64_t current = range.load(std::memory_order_relaxed);
-    for (;;) {
-      const auto first = static_cast<int64_t>(current >> 32);
-      const auto end = static_cast<int64_t>(current & 0xffffffffu);
-      if (first >= end) return -1;
-      const uint64_t next = front ? pack(first + 1, end) : pack(first, end - 1);
-      if (range.compare_exchange_weak(current, next, std::memory_order_relaxed)) return front ? first : end - 1;
-    }
-  }
-};
-
-}  // namespace
-
-void ThreadPool::run_blocks(int64_t blocks, const std::function<void(int64_t block)>& body) {
-  if (blocks <= 0) return;
-  require(blocks <= int64_t{0xffffffff}, ZF_ERROR_INTERNAL, "run_blocks: ", blocks, " blocks (at most 2^32 - 1)");
-  const int shares = size();
-  if (shares == 1 || inside_pool_task) {
-    for (int64_t block = 0; block < blocks; ++block) body(block);
-    return;
-  }
-  std::vector<BlockShare> share(static_cast<size_t>(shares));
-  for (int t = 0; t < shares; ++t) {
-    int64_t first = 0, end = 0;
-    split_range(0, blocks, t, shares, &first, &end);
-    share[static_cast<size_t>(t)].range.store(BlockShare::pack(first, end), std::memory_order_relaxed);
-  }
-  // run() publishes the shares to the workers (its mutex) and collects their exceptions.
-  run([&](int thread, int) {
-    for (int64_t block; (block = share[static_cast<size_t>(thread)].take(true)) >= 0;) body(block);
-    for (int other = 1; other < shares; ++other) {
-      BlockShare& victim = share[static_cast<size_t>((thread + other) % shares)];
-      for (int64_t block; (block = victim.take(false)) >= 0;) body(block);
-    }
-  });
-}
-
 int host_cpu_count() {
 #if defined(__linux__)
   cpu_set_t set;

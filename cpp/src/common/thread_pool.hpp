@@ -68,16 +68,6 @@ class ThreadPool {
   // threads on one pool are serialised; different pools never wait for each other.
   void run(const std::function<void(int, int)>& task);
 
-  // Runs body(block) once for every block in [0, blocks), on every thread of the pool
-  // (inline, in order, where run() would run inline). Each thread starts on its own
-  // contiguous share (split_range) and takes it front to back, one block at a time; a
-  // thread whose share is done then takes blocks from the back of the others' shares. A
-  // region is thus as long as the pool's mean thread, not its slowest: a thread that is
-  // preempted, or runs on a busier core, no longer holds the others up. Which thread runs a
-  // block varies from run to run, so body's result must not depend on it. Exceptions: as
-  // run() (the thrower's blocks not yet started are run by the others). blocks < 2^32.
-  void run_blocks(int64_t blocks, const std::function<void(int64_t block)>& body);
-
  private:
   void worker_loop(int index);
   void stop_workers();

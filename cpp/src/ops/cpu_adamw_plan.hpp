@@ -10,12 +10,10 @@
 // per-step values itself, with the check_* functions below, whenever they change.
 //
 // Work split. A call's work is a list of contiguous pieces (one per tensor, or one per run
-// of unselected columns sharing a step count), concatenated and cut into blocks of a
-// multiple of 16 elements, which the pool's threads take as ThreadPool::run_blocks deals
-// them: each its own contiguous share front to back, then what is left of the others'.
-// Every element's result is the same wherever the cuts fall and whichever thread computes
-// it (simd/kernels_adam_impl.hpp), so results depend neither on the thread count nor on the
-// threads' timing.
+// of unselected columns sharing a step count), concatenated and cut into one contiguous
+// range per pool thread, at multiples of 16 elements. Every element's result is the same
+// wherever the cuts fall (simd/kernels_adam_impl.hpp), so results do not depend on the
+// thread count.
 #pragma once
 
 #include <algorithm>
@@ -74,7 +72,7 @@ class PieceList {
   int64_t total() const { return total_; }
 
   // Runs body(piece, offset_in_piece, count) over all the work: on the caller for a small
-  // call or a one-thread pool, else in blocks (block_elements) on the threads of `pool`.
+  // call or a one-thread pool, else one contiguous range per thread of `pool`.
   template <class Body>
   void run(ThreadPool& pool, const Body& body) const {
     if (total_ == 0) return;
@@ -82,20 +80,14 @@ class PieceList {
       run_range(0, total_, body);
       return;
     }
-    const int64_t block = block_elements(total_, pool.size());
-    pool.run_blocks((total_ + block - 1) / block,
-                    [&](int64_t index) { run_range(index * block, std::min(total_, (index + 1) * block), body); });
-  }
-
-  // The block of a parallel run: about kBlocksPerThread per thread, so that a thread that
-  // falls behind leaves blocks for the others to take, between kMinBlock elements (a
-  // block's claim and lookup stay negligible) and kMaxBlock (256 KiB of each fp32 stream:
-  // small next to a share, long enough for the prefetchers), a multiple of a cache line of
-  // fp32 elements so that no two threads write one line.
-  static int64_t block_elements(int64_t total, int threads) {
-    constexpr int64_t kGranule = 16, kBlocksPerThread = 16, kMinBlock = 1024, kMaxBlock = 65536;
-    const int64_t wanted = total / (int64_t{threads} * kBlocksPerThread);
-    return std::clamp((wanted + kGranule - 1) / kGranule * kGranule, kMinBlock, kMaxBlock);
+    // Cuts at multiples of a cache line of fp32 elements: no two threads write one line.
+    constexpr int64_t kGranule = 16;
+    const int64_t granules = (total_ + kGranule - 1) / kGranule;
+    pool.run([&](int thread, int threads) {
+      int64_t first, last;
+      split_range(0, granules, thread, threads, &first, &last);
+      run_range(first * kGranule, std::min(total_, last * kGranule), body);
+    });
   }
 
  private:
