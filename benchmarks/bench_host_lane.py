@@ -52,9 +52,7 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               slowest steady roof of the same shape or more).
 
   --busy N    N processes spinning on the CPU through the whole run, roofs included: the
-              lane sharing its cores with the training loop's threads or another job (a
-              pass's threads take blocks from a share whose thread lost its core,
-              ThreadPool::run_blocks)
+              lane sharing its cores with the training loop's threads or another job
 
     python benchmarks/bench_host_lane.py
     python benchmarks/bench_host_lane.py --write benchmarks/results/2026-12-05-host-lane.md
