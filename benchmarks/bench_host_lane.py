@@ -106,6 +106,11 @@ def pass_bytes(streams: list, deferred: int) -> int:
     return deferred * sum(size[d] * (2 if a == "read_write" else 1) for d, a in streams)
 
 
+def lane_bytes(stats: dict) -> int:
+    """The bytes the engine's host lane has read and written so far."""
+    return stats["host_lane_bytes_read"] + stats["host_lane_bytes_written"]
+
+
 def stats_after_pass(engine, before: dict, moved_bytes: int, timeout: float = 60.0) -> dict:
     """The engine's stats once its lane has counted `moved_bytes` since `before`: a pass that
     outlasts the pause (a busy machine, --busy) is then timed whole, not split across two
@@ -113,7 +118,7 @@ def stats_after_pass(engine, before: dict, moved_bytes: int, timeout: float = 60
     deadline = time.monotonic() + timeout
     while True:
         now = engine.stats()
-        moved = sum(now[k] - before[k] for k in ("host_lane_bytes_read", "host_lane_bytes_written"))
+        moved = lane_bytes(now) - lane_bytes(before)
         if moved >= moved_bytes:
             return now
         if time.monotonic() > deadline:
@@ -216,7 +221,8 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
         if settle <= 0:
             continue
         time.sleep(settle)
-        now = stats_after_pass(engine, last, pass_bytes(streams, deferred))
+        moved_bytes = pass_bytes(streams, deferred)
+        now = stats_after_pass(engine, last, moved_bytes)
         key = "host_update_seconds" if phase == "update" else "accumulate_seconds"
         roof_after = stream_roof_gbs(streams, deferred, args.threads)
         measured = (streams, roof_after)
@@ -224,7 +230,7 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
             {
                 "phase": phase,
                 "pass": kind,
-                "bytes": pass_bytes(streams, deferred),
+                "bytes": moved_bytes,
                 "seconds": now[key] - last[key],
                 "roof_before": roof_before,
                 "roof_after": roof_after,
@@ -237,12 +243,7 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     after = engine.stats()
     engine.close()
     step_count_bytes = 8 * args.matrices * (args.cols - k) * args.windows
-    moved = (
-        after["host_lane_bytes_read"]
-        + after["host_lane_bytes_written"]
-        - before["host_lane_bytes_read"]
-        - before["host_lane_bytes_written"]
-    )
+    moved = lane_bytes(after) - lane_bytes(before)
     seconds = (
         after["accumulate_seconds"]
         + after["host_update_seconds"]
