@@ -1749,8 +1749,9 @@ namespace {
 
 // The streaming roof's pass (simd stream_pass): every written stream holds the sum of the
 // read streams (bf16 streams as bf16) times scale, at every level this CPU has, for every
-// stream count (one instantiation each), with and without non-temporal stores and prefetch,
-// for counts with every tail; nothing past count is touched.
+// stream count (one instantiation each), vector by vector and block by block (counts across
+// blocks), with and without non-temporal stores and prefetch, for counts with every tail;
+// nothing past count is touched.
 TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
   std::mt19937 rng(41);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
@@ -1765,7 +1766,9 @@ TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
     zenflow::ScopedSimdLevel simd(level);
     for (int streams = 1; streams <= zf::simd::kMaxStreamPassStreams; ++streams) {
       for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{1024 + 13}}) {
-        for (const bool stream : {false, true}) {
+        for (const int variant : {0, 1, 2, 3}) {
+          const bool stream = (variant & 1) != 0;
+          const bool blocked = (variant & 2) != 0;
           const int64_t padded = count + 64;
           zf::simd::StreamPassArgs a{};
           a.streams = streams;
@@ -1789,10 +1792,12 @@ TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
           }
           a.stream = stream;
           a.prefetch = !stream;
+          a.blocked = blocked;
           a.scale = 0.5f;
           zf::simd::active_kernels().stream_pass(a, count);
           const std::string where = std::string(zf_simd_level_name(level)) + " streams " + std::to_string(streams) +
-                                    " count " + std::to_string(count) + (stream ? " streamed" : "");
+                                    " count " + std::to_string(count) + (stream ? " streamed" : "") +
+                                    (blocked ? " blocked" : "");
           for (int64_t i = 0; i < padded; ++i) {
             float sum = 0.0f;
             for (int s = 0; s < streams; ++s) {

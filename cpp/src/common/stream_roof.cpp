@@ -116,11 +116,20 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
       }
     }
   });
+  // The variants (simd/kernels.hpp, StreamPassArgs): vector by vector with write-only streams
+  // stored plainly or non-temporally, and block by block with them non-temporal (stored
+  // plainly, a written line is also read, so that form only loses); each with the read streams
+  // prefetched or not. The roof is the fastest: which form streams best depends on the shape
+  // and the machine (simd/kernels_impl.hpp, stream_pass_blocked).
+  struct Form {
+    bool blocked, stream;
+  };
   double best = 0.0;
-  for (const bool stream : {false, true}) {
+  for (const Form form : {Form{false, false}, Form{false, true}, Form{true, true}}) {
     for (const bool prefetch : {false, true}) {
       simd::StreamPassArgs variant = args;
-      variant.stream = stream;
+      variant.blocked = form.blocked;
+      variant.stream = form.stream;
       variant.prefetch = prefetch;
       pass(variant);  // untimed: the variant's first pass
       for (int r = 0; r < repetitions; ++r) {

@@ -66,6 +66,8 @@ struct StreamPassArgs {
   bool write[kMaxStreamPassStreams];
   bool stream;    // write-only streams take non-temporal stores (data aligned to 64 bytes)
   bool prefetch;  // the read streams are prefetched in software ahead
+  bool blocked;   // block by block (each read stream's block summed in L1, then each written
+                  // stream's block stored), not vector by vector across all streams
   float scale;
 };
 
