@@ -107,6 +107,27 @@ constexpr int64_t kRoofPrefetchElements = 256;
 // on two threads past the cache where the fp32 Adam step itself streamed 53-56. A roof must
 // not sit below the kernel it bounds. Vectors first; the tail (fewer than kLanes elements)
 // element by element with plain stores.
+// The roof pass's tail, element by element with plain stores: elements [begin, end) of every
+// stream of `a` (the same sums and roundings as the vector forms).
+inline void stream_pass_elements(const zf::simd::StreamPassArgs& a, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float sum = 0.0f;
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.read[s]) continue;
+      sum += a.bytes[s] == 2 ? zf::bf16_to_f32(static_cast<const uint16_t*>(a.data[s])[i])
+                             : static_cast<const float*>(a.data[s])[i];
+    }
+    for (int s = 0; s < a.streams; ++s) {
+      if (!a.write[s]) continue;
+      if (a.bytes[s] == 2) {
+        static_cast<uint16_t*>(a.data[s])[i] = zf::f32_to_bf16(sum * a.scale);
+      } else {
+        static_cast<float*>(a.data[s])[i] = sum * a.scale;
+      }
+    }
+  }
+}
+
 template <class Isa, int kStreams, bool kNonTemporal, bool kPrefetch>
 void stream_pass_fixed(const zf::simd::StreamPassArgs& a, int64_t count) {
   using F32 = typename Isa::F32;
@@ -145,22 +166,7 @@ void stream_pass_fixed(const zf::simd::StreamPassArgs& a, int64_t count) {
       }
     }
   }
-  for (; i < count; ++i) {
-    float sum = 0.0f;
-    for (int s = 0; s < kStreams; ++s) {
-      if (!read[s]) continue;
-      sum += narrow[s] ? zf::bf16_to_f32(reinterpret_cast<const uint16_t*>(data[s])[i])
-                       : reinterpret_cast<const float*>(data[s])[i];
-    }
-    for (int s = 0; s < kStreams; ++s) {
-      if (!write[s]) continue;
-      if (narrow[s]) {
-        reinterpret_cast<uint16_t*>(data[s])[i] = zf::f32_to_bf16(sum * a.scale);
-      } else {
-        reinterpret_cast<float*>(data[s])[i] = sum * a.scale;
-      }
-    }
-  }
+  stream_pass_elements(a, i, count);
   if (kNonTemporal) Isa::stream_fence();
 }
 
@@ -221,8 +227,8 @@ void roof_write_block(unsigned char* stream, int64_t block, const float* sums, t
 
 // Write-only streams are stored non-temporally when kNonTemporal (their data aligned to 64
 // bytes, every block's start too); read streams prefetched kRoofPrefetchElements ahead when
-// kPrefetch. Whole vectors in blocks; the tail (fewer than kLanes elements) element by element
-// with plain stores.
+// kPrefetch. Whole vectors in blocks; the tail (fewer than kLanes elements) through
+// stream_pass_elements.
 template <class Isa, bool kNonTemporal, bool kPrefetch>
 void stream_pass_blocked(const zf::simd::StreamPassArgs& a, int64_t count) {
   const int streams = a.streams;
@@ -261,22 +267,7 @@ void stream_pass_blocked(const zf::simd::StreamPassArgs& a, int64_t count) {
       }
     }
   }
-  for (int64_t i = vectors_end; i < count; ++i) {
-    float sum = 0.0f;
-    for (int s = 0; s < streams; ++s) {
-      if (!a.read[s]) continue;
-      sum += a.bytes[s] == 2 ? zf::bf16_to_f32(reinterpret_cast<const uint16_t*>(data[s])[i])
-                             : reinterpret_cast<const float*>(data[s])[i];
-    }
-    for (int s = 0; s < streams; ++s) {
-      if (!a.write[s]) continue;
-      if (a.bytes[s] == 2) {
-        reinterpret_cast<uint16_t*>(data[s])[i] = zf::f32_to_bf16(sum * a.scale);
-      } else {
-        reinterpret_cast<float*>(data[s])[i] = sum * a.scale;
-      }
-    }
-  }
+  stream_pass_elements(a, vectors_end, count);
   if (kNonTemporal) Isa::stream_fence();
 }
 
