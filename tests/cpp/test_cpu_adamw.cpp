@@ -1766,9 +1766,10 @@ TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
     zenflow::ScopedSimdLevel simd(level);
     for (int streams = 1; streams <= zf::simd::kMaxStreamPassStreams; ++streams) {
       for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{1024 + 13}}) {
-        for (const int variant : {0, 1, 2, 3}) {
+        for (int variant = 0; variant < 8; ++variant) {  // every one the roof times
           const bool stream = (variant & 1) != 0;
           const bool blocked = (variant & 2) != 0;
+          const bool prefetch = (variant & 4) != 0;
           const int64_t padded = count + 64;
           zf::simd::StreamPassArgs a{};
           a.streams = streams;
@@ -1791,13 +1792,13 @@ TEST(StreamPass, EveryLevelWritesTheScaledSumOfTheReadStreams) {
             }
           }
           a.stream = stream;
-          a.prefetch = !stream;
+          a.prefetch = prefetch;
           a.blocked = blocked;
           a.scale = 0.5f;
           zf::simd::active_kernels().stream_pass(a, count);
           const std::string where = std::string(zf_simd_level_name(level)) + " streams " + std::to_string(streams) +
                                     " count " + std::to_string(count) + (stream ? " streamed" : "") +
-                                    (blocked ? " blocked" : "");
+                                    (blocked ? " blocked" : "") + (prefetch ? " prefetched" : "");
           for (int64_t i = 0; i < padded; ++i) {
             float sum = 0.0f;
             for (int s = 0; s < streams; ++s) {

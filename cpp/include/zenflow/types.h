@@ -149,12 +149,13 @@ ZF_API int zf_host_cpu_count(void);
  * one add per read stream and element: memory traffic, almost no arithmetic. The call
  * allocates the streams as the engine allocates its host state (64-byte aligned; a stream of
  * 2 MiB or more starts on a 2 MiB boundary and, on Linux, is advised for transparent huge
- * pages) and first touches them on the pass's threads, runs
- * `repetitions` timed passes on `threads` threads of its own for each of six variants
- * (vector by vector across the streams with write-only streams stored plainly or
- * non-temporally, or block by block with them non-temporal; read streams prefetched or not)
- * at the active SIMD level, frees everything, and stores in *bytes_per_second the bytes of one
- * pass (a read-write stream counts twice) over the time of the fastest. It takes the
+ * pages) and first touches them on the pass's threads, runs one untimed and `repetitions`
+ * timed passes on `threads` threads of its own for each of up to eight variants (vector by
+ * vector across the streams or block by block; write-only streams stored plainly or
+ * non-temporally, the non-temporal variants only when a stream is write-only; read streams
+ * prefetched or not) at the active SIMD level, frees everything, and stores in
+ * *bytes_per_second the bytes of one pass (a read-write stream counts twice) over the time of
+ * the fastest. It takes the
  * process's memory bandwidth while it runs; it reads and writes nothing of the caller's.
  * INVALID_VALUE (nothing run): streams NULL, count 0 or > 16, no stream read or none
  * written, a bad dtype or access, elements < 1 or above 2^40, threads outside [1, max(64,

@@ -116,27 +116,29 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
       }
     }
   });
-  // The variants (simd/kernels.hpp, StreamPassArgs): vector by vector with write-only streams
-  // stored plainly or non-temporally, and block by block with them non-temporal (stored
-  // plainly, a written line is also read, so that form only loses); each with the read streams
-  // prefetched or not. The roof is the fastest: which form streams best depends on the shape
-  // and the machine (simd/kernels_impl.hpp, stream_pass_blocked).
-  struct Form {
-    bool blocked, stream;
-  };
+  // The variants (simd/kernels.hpp, StreamPassArgs): vector by vector or block by block, with
+  // write-only streams stored plainly or non-temporally, the read streams prefetched or not.
+  // The roof is the fastest: which form streams best depends on the shape and the machine
+  // (simd/kernels_impl.hpp, stream_pass_blocked). Without a write-only stream the
+  // non-temporal variants are the plain ones and are not run again.
+  bool any_write_only = false;
+  for (int s = 0; s < args.streams; ++s) any_write_only = any_write_only || (args.write[s] && !args.read[s]);
   double best = 0.0;
-  for (const Form form : {Form{false, false}, Form{false, true}, Form{true, true}}) {
-    for (const bool prefetch : {false, true}) {
-      simd::StreamPassArgs variant = args;
-      variant.blocked = form.blocked;
-      variant.stream = form.stream;
-      variant.prefetch = prefetch;
-      pass(variant);  // untimed: the variant's first pass
-      for (int r = 0; r < repetitions; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        pass(variant);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (seconds > 0.0) best = std::max(best, pass_bytes / seconds);
+  for (const bool blocked : {false, true}) {
+    for (const bool non_temporal : {false, true}) {
+      if (non_temporal && !any_write_only) continue;
+      for (const bool prefetch : {false, true}) {
+        simd::StreamPassArgs variant = args;
+        variant.blocked = blocked;
+        variant.stream = non_temporal;
+        variant.prefetch = prefetch;
+        pass(variant);  // untimed: the variant's first pass
+        for (int r = 0; r < repetitions; ++r) {
+          const auto start = std::chrono::steady_clock::now();
+          pass(variant);
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (seconds > 0.0) best = std::max(best, pass_bytes / seconds);
+        }
       }
     }
   }

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/float_convert.hpp"
@@ -170,15 +171,22 @@ void stream_pass_fixed(const zf::simd::StreamPassArgs& a, int64_t count) {
   if (kNonTemporal) Isa::stream_fence();
 }
 
+// Calls pass(std::bool_constant<a.stream>, std::bool_constant<a.prefetch>): a variant's two
+// flags as template arguments, one instantiation each, for both forms of the roof's pass.
+template <class Pass>
+void with_variant_flags(const zf::simd::StreamPassArgs& a, Pass pass) {
+  if (a.stream) {
+    a.prefetch ? pass(std::true_type{}, std::true_type{}) : pass(std::true_type{}, std::false_type{});
+  } else {
+    a.prefetch ? pass(std::false_type{}, std::true_type{}) : pass(std::false_type{}, std::false_type{});
+  }
+}
+
 template <class Isa, int kStreams>
 void stream_pass_variant(const zf::simd::StreamPassArgs& a, int64_t count) {
-  if (a.stream) {
-    a.prefetch ? stream_pass_fixed<Isa, kStreams, true, true>(a, count)
-               : stream_pass_fixed<Isa, kStreams, true, false>(a, count);
-  } else {
-    a.prefetch ? stream_pass_fixed<Isa, kStreams, false, true>(a, count)
-               : stream_pass_fixed<Isa, kStreams, false, false>(a, count);
-  }
+  with_variant_flags(a, [&](auto non_temporal, auto prefetch) {
+    stream_pass_fixed<Isa, kStreams, decltype(non_temporal)::value, decltype(prefetch)::value>(a, count);
+  });
 }
 
 template <class Isa, size_t... kCounts>
@@ -275,12 +283,9 @@ void stream_pass_blocked(const zf::simd::StreamPassArgs& a, int64_t count) {
 template <class Isa>
 void stream_pass(const zf::simd::StreamPassArgs& a, int64_t count) {
   if (a.blocked) {
-    if (a.stream) {
-      a.prefetch ? stream_pass_blocked<Isa, true, true>(a, count) : stream_pass_blocked<Isa, true, false>(a, count);
-    } else {
-      a.prefetch ? stream_pass_blocked<Isa, false, true>(a, count) : stream_pass_blocked<Isa, false, false>(a, count);
-    }
-    return;
+    return with_variant_flags(a, [&](auto non_temporal, auto prefetch) {
+      stream_pass_blocked<Isa, decltype(non_temporal)::value, decltype(prefetch)::value>(a, count);
+    });
   }
   stream_pass_dispatch<Isa>(a, count, std::make_index_sequence<zf::simd::kMaxStreamPassStreams>{});
 }
