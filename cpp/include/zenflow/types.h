@@ -155,8 +155,8 @@ ZF_API int zf_host_cpu_count(void);
  * non-temporally, the non-temporal variants only when a stream is write-only; read streams
  * prefetched or not) at the active SIMD level, frees everything, and stores in
  * *bytes_per_second the bytes of one pass (a read-write stream counts twice) over the time of
- * the fastest. It takes the
- * process's memory bandwidth while it runs; it reads and writes nothing of the caller's.
+ * the fastest. It takes the process's memory bandwidth while it runs; it reads and writes
+ * nothing of the caller's.
  * INVALID_VALUE (nothing run): streams NULL, count 0 or > 16, no stream read or none
  * written, a bad dtype or access, elements < 1 or above 2^40, threads outside [1, max(64,
  * 4 x zf_host_cpu_count())], repetitions outside [1, 1000], bytes_per_second NULL;

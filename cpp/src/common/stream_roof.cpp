@@ -61,7 +61,7 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
   simd::StreamPassArgs args{};
   args.streams = static_cast<int>(count);
   int reads = 0;
-  bool any_write = false;
+  bool any_write = false, any_write_only = false;
   double pass_bytes = 0.0;
   for (size_t s = 0; s < count; ++s) {
     // The fields' bytes as integers: a C caller may hold any value in an enum field, and
@@ -79,6 +79,7 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
     args.write[s] = access != ZF_STREAM_READ;
     reads += args.read[s] ? 1 : 0;
     any_write = any_write || args.write[s];
+    any_write_only = any_write_only || access == ZF_STREAM_WRITE;
     pass_bytes += static_cast<double>(elements) * args.bytes[s] * (access == ZF_STREAM_READ_WRITE ? 2 : 1);
   }
   require(reads > 0 && any_write, ZF_ERROR_INVALID_VALUE,
@@ -121,8 +122,6 @@ double measure(const zf_stream_spec* streams, size_t count, int64_t elements, in
   // The roof is the fastest: which form streams best depends on the shape and the machine
   // (simd/kernels_impl.hpp, stream_pass_blocked). Without a write-only stream the
   // non-temporal variants are the plain ones and are not run again.
-  bool any_write_only = false;
-  for (int s = 0; s < args.streams; ++s) any_write_only = any_write_only || (args.write[s] && !args.read[s]);
   double best = 0.0;
   for (const bool blocked : {false, true}) {
     for (const bool non_temporal : {false, true}) {

@@ -99,15 +99,6 @@ void column_sq_accumulate_f16(const uint16_t* x, int64_t rows, int64_t cols, int
 // The prefetch variant's distance (StreamPassArgs::prefetch), in elements.
 constexpr int64_t kRoofPrefetchElements = 256;
 
-// The streaming roof's pass (kernels.hpp, StreamPassArgs), one instantiation per stream
-// count and variant: the stream loops unroll, and every stream's pointer and flags are
-// locals the compiler keeps in registers. Read from `a` inside the loop, they were loaded
-// again after every store (a store may alias `a`, as far as the compiler knows), and the
-// pass was bound by those instructions rather than by memory: on a 2-core AMD EPYC (Zen 4)
-// it streamed ~50 GB/s per core in L1, below the fp32 Adam step's 60, and read 45-48 GB/s
-// on two threads past the cache where the fp32 Adam step itself streamed 53-56. A roof must
-// not sit below the kernel it bounds. Vectors first; the tail (fewer than kLanes elements)
-// element by element with plain stores.
 // The roof pass's tail, element by element with plain stores: elements [begin, end) of every
 // stream of `a` (the same sums and roundings as the vector forms).
 inline void stream_pass_elements(const zf::simd::StreamPassArgs& a, int64_t begin, int64_t end) {
@@ -129,6 +120,15 @@ inline void stream_pass_elements(const zf::simd::StreamPassArgs& a, int64_t begi
   }
 }
 
+// The streaming roof's pass (kernels.hpp, StreamPassArgs), one instantiation per stream
+// count and variant: the stream loops unroll, and every stream's pointer and flags are
+// locals the compiler keeps in registers. Read from `a` inside the loop, they were loaded
+// again after every store (a store may alias `a`, as far as the compiler knows), and the
+// pass was bound by those instructions rather than by memory: on a 2-core AMD EPYC (Zen 4)
+// it streamed ~50 GB/s per core in L1, below the fp32 Adam step's 60, and read 45-48 GB/s
+// on two threads past the cache where the fp32 Adam step itself streamed 53-56. A roof must
+// not sit below the kernel it bounds. Vectors first; the tail (fewer than kLanes elements)
+// element by element with plain stores.
 template <class Isa, int kStreams, bool kNonTemporal, bool kPrefetch>
 void stream_pass_fixed(const zf::simd::StreamPassArgs& a, int64_t count) {
   using F32 = typename Isa::F32;
