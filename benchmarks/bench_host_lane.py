@@ -74,6 +74,7 @@ from pathlib import Path
 import torch
 
 from zenflow import _C
+from zenflow.bench._harness import median_interval
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -351,6 +352,31 @@ def pass_fractions(rows: list) -> list:
     return result
 
 
+def all_pass_fractions(per_window: list) -> dict:
+    """Every window's fraction of its roof and every pass's against the mean of its own two
+    roofs, no steadiness filter, by kind ("window" and PASS_KINDS): on a VM whose memory
+    changes state within a pass's bracket, this takes every sample and lets the median's
+    interval (median_interval) say how sure it is, where the steady filter keeps few."""
+    result = {"window": [w["of_roof"] for w in per_window]}
+    for kind in PASS_KINDS:
+        result[kind] = [
+            p["gbs"] / ((p["roof_before_gbs"] + p["roof_after_gbs"]) / 2)
+            for w in per_window
+            for p in w["passes"]
+            if p["pass"] == kind
+        ]
+    return result
+
+
+def interval_text(fractions: list) -> str:
+    """A median of fractions with its 95% interval and count: "93% [88-97%] (24)"."""
+    median, low, high = median_interval(fractions)
+    if median is None:
+        return "-"
+    spread = "" if low is None else f" [{low:.0%}-{high:.0%}]"
+    return f"{median:.0%}{spread} ({len(fractions)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--matrices", type=int, default=8)
@@ -509,6 +535,21 @@ def main() -> None:
 
     for (name, interval, *_), kinds in zip(rows, pass_fractions(rows)):
         cells = [f"{median_of(slow)} / {median_of(fast)}" for slow, fast in kinds.values()]
+        lines.append(f"| {name} | {interval} | " + " | ".join(cells) + " |")
+    # Every sample, with how sure the median is: the figure to hold against a target.
+    lines += [
+        "",
+        "Every window and every pass of the device-side-idle run against its roof, no "
+        "steadiness filter (a pass against the mean of its two roofs, a window against its "
+        "passes' roofs): medians, the 95% interval of the median in brackets (order "
+        "statistics, distribution-free; none under 6 samples), the count.",
+        "",
+        "| gradient and weights | S | window | " + " | ".join(PASS_KINDS) + " |",
+        "|---|---:|" + "---|" * (1 + len(PASS_KINDS)),
+    ]
+    for name, interval, _, idle, _ in rows:
+        fractions = all_pass_fractions(idle["per_window"])
+        cells = [interval_text(fractions[key]) for key in ("window", *PASS_KINDS)]
         lines.append(f"| {name} | {interval} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 import zenflow
-from zenflow.bench._harness import Progress, Report, Roof, Row, Samples, Section, interleave
+from zenflow.bench._harness import (
+    Progress,
+    Report,
+    Roof,
+    Row,
+    Samples,
+    Section,
+    interleave,
+    median_interval,
+)
 
 
 def run_bench(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -141,3 +150,17 @@ def test_interleave_runs_in_turns():
     )
     assert order == ["a", "b"] * 4
     assert len(samples["a"].seconds) == 3 and len(samples["b"].seconds) == 3
+
+
+def test_median_interval_is_the_binomial_order_statistics():
+    """At 95%, j is the largest with P(Binomial(n, 1/2) < j) <= 2.5%: n = 6 gives x(1) and
+    x(6) (P(B = 0) = 1/64), n = 20 gives x(6) and x(15) (P(B <= 5) = 2.07%, P(B <= 6) =
+    5.77%); under 6 samples no interval reaches 95% (n = 5: P(B = 0) = 1/32)."""
+    values = [float(v) for v in range(20, 0, -1)]  # unsorted on purpose
+    assert median_interval(values) == (10.5, 6.0, 15.0)
+    assert median_interval(values[:6]) == (17.5, 15.0, 20.0)
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, None, None)
+    assert median_interval([]) == (None, None, None)
+    # A lower confidence narrows it: at 50% for n = 20, P(B <= 7) = 13.2% <= 25% < P(B <= 8)
+    # = 25.2%, so j = 8: x(8) and x(13).
+    assert median_interval(values, confidence=0.5) == (10.5, 8.0, 13.0)

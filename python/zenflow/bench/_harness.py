@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -40,6 +41,30 @@ class Samples:
     @property
     def mean(self) -> float:
         return sum(self.seconds) / len(self.seconds) if self.seconds else float("nan")
+
+
+def median_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float | None, float | None, float | None]:
+    """The median of `values` and a distribution-free interval that holds the population's
+    median with at least `confidence`: the order statistics x(j) and x(n + 1 - j) for the
+    largest j with P(Binomial(n, 1/2) < j) <= (1 - confidence) / 2 (exact, no resampling, so
+    the same data always give the same interval). (median, low, high), low and high None where
+    n is too small for any such interval (n < 6 at 95%)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return None, None, None
+    tail, cumulative, j = (1 - confidence) / 2, 0.0, 0
+    while j < n // 2:
+        cumulative += math.comb(n, j) / 2**n  # P(B = j): now P(B < j + 1)
+        if cumulative > tail:
+            break
+        j += 1
+    median = statistics.median(ordered)
+    if j == 0:
+        return median, None, None
+    return median, ordered[j - 1], ordered[n - j]
 
 
 def synchronizer(device: str) -> Callable[[], None] | None:
