@@ -50,6 +50,12 @@ engine's own accumulate_seconds + host_update_seconds) takes a warm-up window, t
               in the slow and the fast state, so that a window short of its roof names the
               pass that is (a pass is fast when its roof is FAST_STATE_ROOF times the run's
               slowest steady roof of the same shape or more).
+  every pass  a third table: every window against its roof and every pass against the mean of
+              its two, no steadiness filter, each median with its 95% interval (order
+              statistics: distribution-free, the same data give the same interval). Where the
+              memory changes state every few passes the steady filter keeps 0-2 windows of
+              16; this keeps them all and says how sure the median is, the figure to hold
+              against a target (give it 40 windows or more).
 
   --busy N    N processes spinning on the CPU through the whole run, roofs included: the
               lane sharing its cores with the training loop's threads or another job
