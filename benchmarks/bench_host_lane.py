@@ -335,6 +335,11 @@ def run(dtype_name: str, interval: int, args: argparse.Namespace, settle: float)
     }
 
 
+def bracket_roof(saved_pass: dict) -> float:
+    """A saved pass's roof (per_window's "passes"): the mean of the two timed around it."""
+    return (saved_pass["roof_before_gbs"] + saved_pass["roof_after_gbs"]) / 2
+
+
 def pass_fractions(rows: list) -> list:
     """Per row, per pass kind, the fractions of their own roof of the steady passes (two roofs
     within STEADY_ROOF_SPREAD), in the slow and the fast state. A pass is fast when its roof
@@ -346,7 +351,7 @@ def pass_fractions(rows: list) -> list:
             for p in window["passes"]:
                 if not roofs_agree(p["roof_before_gbs"], p["roof_after_gbs"]):
                     continue
-                roof = (p["roof_before_gbs"] + p["roof_after_gbs"]) / 2
+                roof = bracket_roof(p)
                 shape = (name, p["pass"], interval == 1)  # S = 1's update has no A
                 steady.append((row, p["pass"], shape, roof, p["gbs"] / roof))
     slowest = {}
@@ -366,10 +371,7 @@ def all_pass_fractions(per_window: list) -> dict:
     result = {"window": [w["of_roof"] for w in per_window]}
     for kind in PASS_KINDS:
         result[kind] = [
-            p["gbs"] / ((p["roof_before_gbs"] + p["roof_after_gbs"]) / 2)
-            for w in per_window
-            for p in w["passes"]
-            if p["pass"] == kind
+            p["gbs"] / bracket_roof(p) for w in per_window for p in w["passes"] if p["pass"] == kind
         ]
     return result
 
